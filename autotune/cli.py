@@ -1,0 +1,55 @@
+"""Command line entry point: parse, dispatch to one module per subcommand, turn errors into one line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from autotune.errors import AutotuneError
+
+# One module per subcommand under autotune/commands; each has register(subparsers) and run(args) -> int.
+COMMANDS = ("search", "show", "check", "cache", "run", "validate", "diagnose", "report")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autotune",
+        description="Find the fastest PyTorch DataLoader recipe for a dataset on this machine.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"autotune.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"autotune.commands.{name}":
+                continue  # a subcommand not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --debug is accepted anywhere on the line, so `autotune search x.py --debug` works too.
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.debug = debug
+    try:
+        return int(args.func(args) or 0)
+    except AutotuneError as exc:
+        if debug:
+            raise
+        print(f"autotune: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("autotune: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per `autotune` subcommand: register(subparsers) adds it, run(args) -> exit status."""
