@@ -171,7 +171,9 @@ def render(rf: RecipeFile, hw: dict[str, Any], name: str = "autotune.json") -> s
     """The whole table as text, no line longer than ``WIDTH``."""
     here = hw.get("fingerprint") or hardware.fingerprint(hw)
     count = len(rf.profiles)
-    lines = [f"{name}: {count} profile{'s' if count != 1 else ''} (format version {VERSION})"]
+    lines = textwrap.wrap(
+        f"{count} profile{'s' if count != 1 else ''} (format version {VERSION}) in {name}", width=WIDTH
+    )
     for fp, p in rf.profiles.items():
         lines.append("")
         mark = "*" if fp == here else " "
