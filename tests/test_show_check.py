@@ -120,7 +120,7 @@ def test_show_marks_this_machine_and_fits_100_columns(matching, capsys):
     here = hardware.collect()["fingerprint"]
     assert f"* {here}  <- this machine" in lines
     assert out.count("<- this machine") == 1
-    assert lines[0].startswith("2 profiles (format version 1) in ")
+    assert lines[0].startswith("2 profiles (format version 1) in")
     for text in ["Imaginary CPU 9000", "1x NVIDIA H100 80GB HBM3", "examples/jpeg_folder.py:dataset",
                  "2000 samples", "batch 64", "num_workers=1,", "num_workers=8,",
                  "multiprocessing_context='forkserver'", "worker 1, main default", "cache       pickle at",

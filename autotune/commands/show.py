@@ -172,7 +172,9 @@ def render(rf: RecipeFile, hw: dict[str, Any], name: str = "autotune.json") -> s
     here = hw.get("fingerprint") or hardware.fingerprint(hw)
     count = len(rf.profiles)
     lines = textwrap.wrap(
-        f"{count} profile{'s' if count != 1 else ''} (format version {VERSION}) in {name}", width=WIDTH
+        f"{count} profile{'s' if count != 1 else ''} (format version {VERSION}) in {name}",
+        width=WIDTH,
+        break_on_hyphens=False,
     )
     for fp, p in rf.profiles.items():
         lines.append("")
