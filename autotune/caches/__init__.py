@@ -1,0 +1,39 @@
+"""Sample caches: one exact store of ``dataset[i]`` per backend (memory, pickle, hdf5, lmdb).
+
+A plugin family: the abstract :class:`Cache` in ``_base``, one private module per backend, and the
+registry (:func:`get_backend`, :func:`open_or_build`) in ``_registry``.
+"""
+
+from autotune.caches._base import FORMAT_VERSION, Cache, CorruptCache, DiskCache, StaleCache
+from autotune.caches._dataset import CachedDataset
+from autotune.caches._hdf5 import Hdf5Cache
+from autotune.caches._lmdb import LmdbCache
+from autotune.caches._memory import MemoryCache
+from autotune.caches._pickle import PickleCache
+from autotune.caches._registry import (
+    BACKENDS, DEFAULT_ROOT, CacheRebuildWarning, cache_path, clear_caches, estimate_need, expected_manifest,
+    get_backend, list_caches, open_or_build,
+)
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_ROOT",
+    "FORMAT_VERSION",
+    "Cache",
+    "CacheRebuildWarning",
+    "CachedDataset",
+    "CorruptCache",
+    "DiskCache",
+    "Hdf5Cache",
+    "LmdbCache",
+    "MemoryCache",
+    "PickleCache",
+    "StaleCache",
+    "cache_path",
+    "clear_caches",
+    "estimate_need",
+    "expected_manifest",
+    "get_backend",
+    "list_caches",
+    "open_or_build",
+]

@@ -1,0 +1,319 @@
+"""The cache interface, its errors, and the atomic build/open lifecycle shared by on-disk backends."""
+
+from __future__ import annotations
+
+import abc
+import datetime as _dt
+import hashlib
+import itertools
+import json
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any, ClassVar, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from autotune.codec import Schema, infer_schema
+from autotune.errors import AutotuneError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+_SCHEMA_PROBE = 8  # samples read before the schema is fixed
+
+
+class StaleCache(AutotuneError):
+    """A cache whose manifest differs from the expected one (another dataset, format or codec)."""
+
+
+class CorruptCache(AutotuneError):
+    """A cache whose files are partial, truncated or garbled."""
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+class _Indexed(torch.utils.data.Dataset):
+    """Position k -> ``dataset[indices[k]]``: the reader a build iterates (module level: it pickles)."""
+
+    def __init__(self, dataset: Any, indices: Sequence[int]):
+        self.dataset, self.indices = dataset, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, k: int) -> Any:
+        return self.dataset[self.indices[k]]
+
+
+def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progress: bool = True,
+                desc: str = "Building cache") -> Iterator[Any]:
+    """Yield ``dataset[i]`` for i in ``indices`` in order, decoded by ``workers`` DataLoader workers."""
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(indices), desc=desc, unit="sample", disable=not progress, leave=False) as bar:
+        if workers > 0:
+            loader = torch.utils.data.DataLoader(
+                _Indexed(dataset, indices), batch_size=None, shuffle=False, num_workers=workers,
+                collate_fn=_identity,  # the default would turn numpy arrays into tensors
+            )
+            it = iter(loader)
+            try:
+                for sample in it:
+                    yield sample
+                    bar.update(1)
+            finally:
+                it._shutdown_workers()  # an interrupted build leaves no worker behind
+        else:
+            for i in indices:
+                yield dataset[i]
+                bar.update(1)
+
+
+def indices_digest(indices: Sequence[int]) -> str:
+    return hashlib.blake2b(np.asarray(indices, dtype=np.int64).tobytes(), digest_size=16).hexdigest()
+
+
+def as_json(obj: Any) -> Any:
+    """``obj`` as it comes back from JSON, so stored and expected manifests compare fairly."""
+    return json.loads(json.dumps(obj, sort_keys=True))
+
+
+def manifest_difference(stored: dict, expected: dict) -> str:
+    keys = sorted(set(stored) | set(expected))
+    diffs = [f"{k}: cached {stored.get(k)!r}, expected {expected.get(k)!r}"
+             for k in keys if stored.get(k) != expected.get(k)]
+    return "; ".join(diffs[:3])
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Cache(torch.utils.data.Dataset, abc.ABC):
+    """A map-style source of exact samples: position k holds ``dataset[indices[k]]``.
+
+    Picklable with no open handles: a subclass drops them in ``__getstate__`` and reopens lazily,
+    so each DataLoader worker opens its own (never before fork).
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, path: Path | None, stored: dict):
+        self.path = None if path is None else Path(path)
+        self.manifest = stored  # the stored manifest: expected part, schema, length, files
+        self.schema = Schema.from_json(stored["schema"])
+        self._length = int(stored["length"])
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _position(self, k: int) -> int:
+        k = int(k)
+        if k < 0:
+            k += self._length
+        if not 0 <= k < self._length:
+            raise IndexError(f"Cache position must be in [0, {self._length}), but got {k}.")
+        return k
+
+    @abc.abstractmethod
+    def __getitem__(self, k: int) -> Any:
+        """The exact sample at position ``k``."""
+
+    @property
+    @abc.abstractmethod
+    def nbytes(self) -> int:
+        """Bytes the cache holds (RAM for memory, disk for the others)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def build(cls, dataset: Any, indices: Sequence[int], path: Path | str | None, *, manifest: dict,
+              progress: bool = True, workers: int = 0) -> "Cache":
+        """Read ``dataset[i]`` for i in ``indices`` and store them; return the opened cache."""
+
+    @classmethod
+    @abc.abstractmethod
+    def open(cls, path: Path | str, *, manifest: dict) -> "Cache":
+        """Open a built cache; StaleCache/CorruptCache when it is not the expected, whole one."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(path={str(self.path)!r}, samples={len(self)})"
+
+
+def stored_manifest(backend: str, manifest: dict, indices: Sequence[int], schema: Schema) -> dict:
+    return {
+        "format_version": FORMAT_VERSION,
+        "backend": backend,
+        "expected": as_json(manifest),
+        "length": len(indices),
+        "indices": indices_digest(indices),
+        "schema": json.loads(schema.to_json()),
+        "built": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def read_manifest(path: Path) -> dict:
+    """The stored manifest of the cache directory ``path``; CorruptCache when absent or unreadable."""
+    try:
+        stored = json.loads((Path(path) / MANIFEST_NAME).read_text())
+    except FileNotFoundError:
+        raise CorruptCache(f"Cache at {path} has no manifest: an unfinished or interrupted build.") from None
+    except (OSError, ValueError) as exc:
+        raise CorruptCache(f"Cache manifest at {path} is unreadable ({exc}).") from None
+    if not isinstance(stored, dict) or not {"format_version", "backend", "expected", "schema", "length"} <= set(stored):
+        raise CorruptCache(f"Cache manifest at {path} is incomplete.")
+    return stored
+
+
+class DiskCache(Cache):
+    """Shared lifecycle of on-disk backends: atomic build into a temp directory, manifest last, lazy handles."""
+
+    def __init__(self, path: Path | None, stored: dict):
+        super().__init__(path, stored)
+        self._handle: Any = None
+        self._pid: int | None = None
+
+    # -- handles --------------------------------------------------------------------------------------
+    def _get_handle(self) -> Any:
+        if self._handle is None or self._pid != os.getpid():
+            self._handle = self._open_handle()  # a forked child never uses its parent's handle
+            self._pid = os.getpid()
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle is not None and self._pid == os.getpid():
+            self._close_handle(self._handle)
+        self._handle, self._pid = None, None
+
+    @property
+    def is_open(self) -> bool:
+        return self._handle is not None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_handle"], state["_pid"] = None, None
+        return state
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @abc.abstractmethod
+    def _open_handle(self) -> Any: ...
+
+    def _close_handle(self, handle: Any) -> None:
+        handle.close()
+
+    # -- writing ----------------------------------------------------------------------------------------
+    @classmethod
+    @abc.abstractmethod
+    def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict:
+        """Write all ``n`` samples into the directory ``tmp``; return backend facts for the manifest."""
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(self.manifest.get("files", {}).values()))
+
+    @classmethod
+    def build(cls, dataset: Any, indices: Sequence[int], path: Path | str | None, *, manifest: dict,
+              progress: bool = True, workers: int = 0) -> "DiskCache":
+        if path is None:
+            raise ValueError(f"The {cls.name} cache needs a directory path, but got path=None.")
+        path = Path(path)
+        indices = [int(i) for i in indices]
+        if not indices:
+            raise ValueError("A cache needs at least one sample, but got 0 indices.")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        samples = read_source(dataset, indices, workers=workers, progress=progress,
+                              desc=f"Building {cls.name} cache")
+        try:
+            head = list(itertools.islice(samples, min(_SCHEMA_PROBE, len(indices))))
+            schema = infer_schema(head)
+            stored = stored_manifest(cls.name, manifest, indices, schema)
+            stored["meta"] = cls._write(tmp, schema, len(indices), samples, head)
+            files = {}
+            for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
+                _fsync_path(f)
+                files[str(f.relative_to(tmp))] = f.stat().st_size
+            stored["files"] = files
+            with open(tmp / MANIFEST_NAME, "w") as fh:  # last: its presence marks a whole build
+                json.dump(stored, fh, indent=1, sort_keys=True)
+                fh.flush()
+                os.fsync(fh.fileno())
+            _fsync_path(tmp)
+            _replace_dir(tmp, path)
+        except BaseException:
+            samples.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return cls.open(path, manifest=manifest)
+
+    # -- opening ----------------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: Path | str, *, manifest: dict, verify: bool = False) -> "DiskCache":
+        """Open and check a cache. Quick by default (manifest, file sizes, a few samples' checksums);
+        ``verify=True`` reads every sample's checksum."""
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"No cache directory at {path}.")
+        stored = read_manifest(path)
+        if stored["format_version"] != FORMAT_VERSION:
+            raise StaleCache(f"Cache at {path} has format version {stored['format_version']}, "
+                             f"but this autotune reads version {FORMAT_VERSION}.")
+        if stored["backend"] != cls.name:
+            raise CorruptCache(f"Cache at {path} holds a {stored['backend']!r} cache, not {cls.name!r}.")
+        expected = as_json(manifest)
+        if stored["expected"] != expected:
+            raise StaleCache(f"Cache at {path} was built for another dataset "
+                             f"({manifest_difference(stored['expected'], expected)}).")
+        for name, size in stored.get("files", {}).items():
+            f = path / name
+            actual = f.stat().st_size if f.is_file() else None
+            if actual != size:
+                raise CorruptCache(f"Cache file {f} has {actual} bytes, but the manifest says {size}.")
+        try:
+            cache = cls(path, stored)
+        except (KeyError, ValueError) as exc:
+            raise CorruptCache(f"Cache manifest at {path} is invalid ({exc}).") from None
+        try:
+            n = len(cache)
+            probe = range(n) if verify else sorted({0, n // 2, n - 1})
+            for k in probe:
+                cache._check(k)
+        except CorruptCache:
+            raise
+        except Exception as exc:  # garbled bytes surface as any decoding error
+            raise CorruptCache(f"Cache at {path} is corrupt ({type(exc).__name__}: {exc}).") from None
+        finally:
+            cache.close()  # never hold a handle in the parent: workers open their own
+        return cache
+
+    def _check(self, k: int) -> None:
+        """Raise CorruptCache when sample ``k`` fails its checksum; the default decodes it."""
+        self[k]
+
+
+def _replace_dir(tmp: Path, path: Path) -> None:
+    """Move the finished ``tmp`` into place, replacing an old cache at ``path``."""
+    old = None
+    if path.exists():
+        old = path.parent / f".{path.name}.old-{secrets.token_hex(4)}"
+        os.replace(path, old)
+    os.replace(tmp, path)
+    _fsync_path(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+__all__ = ["Cache", "CorruptCache", "DiskCache", "StaleCache", "FORMAT_VERSION", "MANIFEST_NAME"]

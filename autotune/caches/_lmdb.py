@@ -1,0 +1,140 @@
+"""lmdb: one environment, key = sample position (8 bytes big-endian), value = crc32 + packed record."""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import Any, Iterator
+
+from autotune.caches._base import CorruptCache, DiskCache
+from autotune.codec import Schema, pack, unpack
+
+try:
+    import lmdb
+except ImportError:  # pragma: no cover - lmdb is a dependency of the project
+    lmdb = None
+
+DB = "db"
+_PAGE = 4096
+_TXN_BYTES = 64 << 20
+
+
+def _key(k: int) -> bytes:
+    return struct.pack(">Q", k)
+
+
+def record_disk_bytes(nbytes: float) -> float:
+    """LMDB bytes for one value: inline on a leaf page when small, else whole overflow pages."""
+    if nbytes + 16 <= _PAGE // 2:
+        return 1.5 * (nbytes + 24)
+    return (math.ceil((nbytes + 16) / _PAGE) + 0.1) * _PAGE
+
+
+def _require_lmdb() -> None:
+    if lmdb is None:
+        raise ImportError("The lmdb cache needs the lmdb package: pip install lmdb")
+
+
+# py-lmdb refuses to open one environment twice in a process, so caches on the same path share it.
+_ENVS: dict[str, list] = {}  # path -> [env, users]
+_ENVS_PID: list[int] = [os.getpid()]
+
+
+def _acquire(path: str) -> Any:
+    _require_lmdb()
+    if _ENVS_PID[0] != os.getpid():  # a forked child: the parent's environments are not ours
+        _ENVS.clear()
+        _ENVS_PID[0] = os.getpid()
+    entry = _ENVS.get(path)
+    if entry is None:
+        env = lmdb.open(path, subdir=True, readonly=True, lock=False, readahead=False, max_dbs=0)
+        entry = _ENVS[path] = [env, 0]
+    entry[1] += 1
+    return entry[0]
+
+
+def _release(path: str) -> None:
+    entry = _ENVS.get(path)
+    if entry is not None:
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _ENVS[path]
+            entry[0].close()
+
+
+class LmdbCache(DiskCache):
+    """An LMDB environment opened ``readonly=True, lock=False, readahead=False`` lazily per process."""
+
+    name = "lmdb"
+
+    @classmethod
+    def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict:
+        _require_lmdb()
+        per = max(len(pack(schema, s)) for s in head) + 4
+        map_size = int(record_disk_bytes(per) * n * 1.25) + (32 << 20)
+        env = lmdb.open(str(tmp / DB), subdir=True, map_size=map_size, readahead=False, meminit=False,
+                        sync=False, metasync=False, max_dbs=0)
+        count = 0
+        try:
+            batch: list[tuple[bytes, bytes]] = []
+            size = 0
+
+            def flush() -> None:
+                nonlocal map_size
+                while True:
+                    try:
+                        with env.begin(write=True) as txn:
+                            for key, value in batch:
+                                txn.put(key, value, append=True)
+                        return
+                    except lmdb.MapFullError:  # a later sample was bigger than the first ones
+                        map_size *= 2
+                        env.set_mapsize(map_size)
+
+            for sample in _chain(head, samples):
+                record = pack(schema, sample)
+                batch.append((_key(count), struct.pack(">I", zlib.crc32(record)) + record))
+                size += len(record)
+                count += 1
+                if size >= _TXN_BYTES:
+                    flush()
+                    batch, size = [], 0
+            if batch:
+                flush()
+            env.sync(True)
+        finally:
+            env.close()
+        if count != n:
+            raise RuntimeError(f"The dataset gave {count} samples, but {n} were expected.")
+        lock = tmp / DB / "lock.mdb"
+        if lock.exists():
+            lock.unlink()  # readers use lock=False
+        return {"map_size": map_size}
+
+    def _open_handle(self) -> Any:
+        return _acquire(str(self.path / DB))
+
+    def _close_handle(self, handle: Any) -> None:
+        _release(str(self.path / DB))
+
+    def _record(self, k: int) -> bytes:
+        with self._get_handle().begin(buffers=False) as txn:
+            value = txn.get(_key(k))
+        if value is None or len(value) < 4 or struct.unpack(">I", value[:4])[0] != zlib.crc32(value[4:]):
+            raise CorruptCache(f"Sample {k} of the cache at {self.path} is missing or fails its checksum; "
+                               "clear it with `autotune cache clear` and it will be rebuilt.")
+        return value
+
+    def __getitem__(self, k: int) -> Any:
+        return unpack(self.schema, memoryview(self._record(self._position(k)))[4:])
+
+    def _check(self, k: int) -> None:
+        self._record(k)
+
+
+def _chain(head: list, rest: Iterator) -> Iterator:
+    yield from head
+    yield from rest
