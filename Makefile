@@ -1,0 +1,35 @@
+# Two commands set up a fresh machine: `make demo` and `make test`. Both create .venv themselves.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build of torch that lies on these machines' disk; `make install TORCH=torch==2.14.1` for another.
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+BUDGET ?= 2m
+
+.PHONY: install demo test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[test,report]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Tune the bundled JPEG example (writes the images once, then searches for BUDGET and prints the recipe).
+demo: $(STAMP)
+	$(BIN)/autotune search examples/jpeg_folder.py --budget $(BUDGET) --output autotune.json
+	$(BIN)/autotune show autotune.json
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) .autotune autotune.json examples/data

@@ -1,0 +1,153 @@
+"""Measure one candidate, inside the trial's own process: real DataLoader, real workers, real consumer.
+
+Only measures. Timing runs are kept free of memory sampling: memory is read once at the end of each
+epoch, with the clock stopped, while the workers are still alive.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from autotune.loader import DeviceConsumer, Transformed, make_loader
+from autotune.memory import tree_pss
+from autotune.process import apply_at_runtime
+from autotune.predict import EpochTiming, predict
+from autotune.space import Config
+
+
+@dataclass
+class Workload:
+    """What the user trains with: everything a trial needs, picklable into the trial process."""
+
+    dataset: Any
+    batch_size: int
+    epochs: int
+    collate_fn: Callable | None = None
+    transform: Callable | None = None
+    train_step: Callable | None = None
+    fingerprint: str = ""
+
+
+@dataclass
+class Plan:
+    """How a trial measures: on which indices, how many epochs, with what safety limits."""
+
+    indices: list[int]
+    length: int
+    seed: int = 0
+    epochs_measured: int = 2
+    batch_timeout: float = 120.0
+    cache_root: str | None = None
+    sample_memory: bool = True
+
+
+# Progress of a running trial: (step, predicted total seconds so far), so a pruner can stop it early.
+Report = Callable[[int, float], None]
+
+
+def _consumer(workload: Workload, config: Config) -> Callable[[Any], Any]:
+    return workload.train_step if workload.train_step is not None else DeviceConsumer(config.pin_memory)
+
+
+def _source(workload: Workload, config: Config, plan: Plan) -> tuple[Any, float]:
+    """The dataset the loader reads, and the seconds spent building its cache (on the subset)."""
+    if config.cache is None:
+        return Transformed(workload.dataset, workload.transform, plan.indices), 0.0
+    from autotune import caches  # the cache family is only needed by caching candidates
+
+    backend = caches.get_backend(config.cache)
+    # The runner gives each trial its own folder and removes it afterwards, even when it kills the trial.
+    root = plan.cache_root or tempfile.mkdtemp(prefix="autotune-trial-")
+    manifest = {"dataset": workload.fingerprint, "trial": True}
+    start = time.perf_counter()
+    built = backend.build(workload.dataset, plan.indices, os.path.join(root, config.cache), manifest=manifest,
+                          progress=False)
+    build_seconds = time.perf_counter() - start
+    return caches.CachedDataset(built, workload.transform), build_seconds
+
+
+def _epoch(loader: Any, consume: Callable, sample_memory: bool, on_batch: Callable[[int, float, float], None]
+           ) -> tuple[EpochTiming, int]:
+    """Time one epoch; returns its timing and the memory read at its end (0 when not sampled)."""
+    expected = len(loader)
+    start = time.perf_counter()
+    iterator = iter(loader)
+    first = None
+    count = 0
+    memory = 0
+    for batch in iterator:
+        consume(batch)
+        count += 1
+        now = time.perf_counter()
+        if first is None:
+            first = now - start
+        on_batch(count, now - start, first)
+        if count == expected:
+            elapsed = now - start
+            if sample_memory:
+                memory = tree_pss()  # clock already stopped; workers still alive
+            for _ in iterator:  # let the iterator finish its own shutdown, outside the clock
+                pass
+            break
+    else:
+        elapsed = time.perf_counter() - start
+    del iterator
+    return EpochTiming(seconds=elapsed, first_batch=first or elapsed, batches=max(count, 1)), memory
+
+
+def measure(workload: Workload, config: Config, plan: Plan, report: Report | None = None) -> dict:
+    """Run ``plan.epochs_measured`` epochs of ``config`` over the plan's indices; return the figures.
+
+    Process settings (allocator, thread counts) are applied to this process: call it in a fresh one.
+    """
+    applied = apply_at_runtime(config.process_settings())
+    dataset, build_seconds = _source(workload, config, plan)
+    generator = torch.Generator().manual_seed(plan.seed)
+    loader = make_loader(
+        dataset, config, batch_size=workload.batch_size, shuffle=True,
+        generator=generator, collate_fn=workload.collate_fn,
+        **({"timeout": plan.batch_timeout} if config.num_workers else {}),
+    )
+    consume = _consumer(workload, config)
+    n = len(plan.indices)
+    full_batches = -(-plan.length // workload.batch_size)
+    timings: list[EpochTiming] = []
+    peak = 0
+
+    def progress(epoch: int) -> Callable[[int, float, float], None]:
+        checkpoints = {max(2, len(loader) // 3), len(loader)} if epoch == 0 else set()
+
+        def on_batch(count: int, elapsed: float, first: float) -> None:
+            if report is None or count not in checkpoints or count < 2:
+                return
+            per_batch = (elapsed - first) / (count - 1)
+            epoch_s = first + per_batch * (full_batches - 1)
+            report(1 if count < len(loader) else 2, build_seconds * plan.length / n + epoch_s * workload.epochs)
+
+        return on_batch
+
+    for epoch in range(plan.epochs_measured):
+        timing, memory = _epoch(loader, consume, plan.sample_memory, progress(epoch))
+        timings.append(timing)
+        peak = max(peak, memory)
+    del loader
+    gc.collect()
+    first, warm = timings[0], timings[-1]
+    prediction = predict(first=first, warm=warm, build_seconds=build_seconds, measured_samples=n,
+                         length=plan.length, batch_size=workload.batch_size, epochs=workload.epochs)
+    return {
+        "prediction": prediction.to_dict(),
+        "epochs": [t.__dict__ for t in timings],
+        "build_seconds_subset": build_seconds,
+        "measured_samples": n,
+        "peak_memory_bytes": peak,
+        "process_applied": applied.applied,
+        "process_not_applied": applied.not_applied,
+    }

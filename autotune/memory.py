@@ -1,0 +1,64 @@
+"""Memory of a process and its descendants (the DataLoader workers), and the budget it must fit."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+
+def _pss(proc: psutil.Process) -> int:
+    try:
+        info = proc.memory_full_info()  # reads smaps_rollup: costly, so callers sample sparsely
+        return int(getattr(info, "pss", 0) or info.rss)
+    except (psutil.AccessDenied, psutil.ZombieProcess):
+        return int(proc.memory_info().rss)
+
+
+def tree_pss(pid: int | None = None) -> int:
+    """PSS (RSS where the OS has no PSS) summed over ``pid`` and all its descendants, in bytes.
+
+    PSS splits shared pages between the processes sharing them, so a forked worker that only reads
+    its parent's buffers adds little; RSS would count those pages once per worker.
+    """
+    root = psutil.Process(pid or os.getpid())
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            total += _pss(proc)
+        except psutil.NoSuchProcess:
+            continue  # a worker that exited between listing and reading
+    return total
+
+
+def tree_rss(pid: int) -> int:
+    """Cheap RSS of a process tree (from statm), for the guard that stops runaway trials."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
+def available_bytes() -> int:
+    return int(psutil.virtual_memory().available)
+
+
+def default_budget() -> int:
+    """A safe share of the memory available now: what a search may let one candidate use."""
+    return int(available_bytes() * 0.7)
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

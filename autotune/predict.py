@@ -1,0 +1,74 @@
+"""From a measured subset to the predicted wall time of the user's whole run (DESIGN §3).
+
+An epoch of ``b`` batches is modelled as start-up (iterator creation to first batch: worker start,
+first fetch) plus ``b - 1`` steady batches. A subset run gives both terms; the whole epoch keeps the
+start-up and scales the steady part. The cache build is paid once, the first epoch is the cold one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class EpochTiming:
+    seconds: float
+    first_batch: float
+    batches: int
+
+    @property
+    def per_batch(self) -> float:
+        if self.batches <= 1:
+            return self.seconds
+        return (self.seconds - self.first_batch) / (self.batches - 1)
+
+
+def batches_in(length: int, batch_size: int, drop_last: bool = False) -> int:
+    return length // batch_size if drop_last else math.ceil(length / batch_size)
+
+
+def scale_epoch(timing: EpochTiming, full_batches: int) -> float:
+    """Seconds for an epoch of ``full_batches`` batches, given one measured on ``timing.batches``."""
+    if full_batches == timing.batches:
+        return timing.seconds
+    return timing.first_batch + timing.per_batch * max(full_batches - 1, 0)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    build_seconds: float
+    first_epoch_seconds: float
+    epoch_seconds: float
+    total_seconds: float
+    epochs: int
+    extrapolated: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def predict(
+    *,
+    first: EpochTiming,
+    warm: EpochTiming,
+    build_seconds: float,
+    measured_samples: int,
+    length: int,
+    batch_size: int,
+    epochs: int,
+) -> Prediction:
+    """The whole-run prediction: build (scaled by samples) + first epoch + (epochs-1) warm epochs."""
+    full_batches = batches_in(length, batch_size)
+    first_s = scale_epoch(first, full_batches)
+    warm_s = scale_epoch(warm, full_batches)
+    build = build_seconds * length / measured_samples
+    total = build + first_s + warm_s * (epochs - 1)
+    return Prediction(
+        build_seconds=build,
+        first_epoch_seconds=first_s,
+        epoch_seconds=warm_s,
+        total_seconds=total,
+        epochs=epochs,
+        extrapolated=measured_samples < length,
+    )

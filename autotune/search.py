@@ -1,0 +1,333 @@
+"""The Optuna loop: ask a candidate, measure it in its own process, tell the figure; then re-measure the
+finalists interleaved and check the winner against the plain default (DESIGN §3)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune import hardware
+from autotune.candidates import Limits, build_space, disk_free
+from autotune.cpus import usable_cpus
+from autotune.measure import Plan, Workload
+from autotune.memory import default_budget
+from autotune.probe import Probe, probe_dataset, probe_indices
+from autotune.runner import Runner, TrialFailed, TrialPruned
+from autotune.space import Config, Space
+from autotune.userfile import UserSpec
+
+SEARCH_SHARE = 0.7  # of the budget; the rest re-measures the finalists interleaved
+ROUNDS = 3  # interleaved re-measurements of each finalist, when the budget allows
+
+
+@dataclass
+class SearchOptions:
+    budget: float = 120.0
+    workdir: Path = Path(".autotune")
+    storage: str | None = None
+    seed: int = 0
+    caches: tuple[str, ...] | None = None
+    allocators: tuple[str, ...] | None = None
+    max_memory: int | None = None
+    max_workers: int | None = None
+    ranks_per_node: int = 1
+    finalists: int = 3
+    progress: bool = True
+    trial_seconds: float | None = None  # target time of one default trial; derived from the budget
+
+
+@dataclass
+class Outcome:
+    """What a search found: the winner, its figures, the default's, and how the search went."""
+
+    config: Config
+    figures: dict[str, Any]
+    default_figures: dict[str, Any]
+    is_default: bool
+    note: str
+    trials: int
+    failed: list[str]
+    pruned: int
+    search_seconds: float
+    plan: Plan
+    probe: Probe
+    hardware: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    finalists: list[dict[str, Any]] = field(default_factory=list)
+
+
+class HopelessPruner(optuna.pruners.BasePruner):
+    """Stop a trial whose partial prediction is already far behind the best finished one."""
+
+    def __init__(self, factor: float = 1.5):
+        self.factor = factor
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        step = trial.last_step
+        if step is None:
+            return False
+        done = [t.value for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
+        return bool(done) and trial.intermediate_values[step] > self.factor * min(done)
+
+
+def make_plan(spec: UserSpec, probe: Probe, opts: SearchOptions, seconds: float) -> Plan:
+    """Choose the subset a trial measures: about ``seconds`` of default loading, whole batches."""
+    per_sample = max(probe.sample_seconds, 1e-6)
+    wanted = int(seconds / per_sample)
+    floor = min(probe.length, 4 * spec.batch_size)
+    count = max(floor, min(probe.length, wanted))
+    if count < probe.length:
+        count = max(spec.batch_size, count // spec.batch_size * spec.batch_size)
+    indices = list(range(probe.length)) if count >= probe.length else probe_indices(probe.length, count, opts.seed)
+    cache_root = str(opts.workdir / "cache" / "trials")
+    timeout = max(60.0, 20 * seconds)
+    return Plan(indices=indices, length=probe.length, seed=opts.seed, batch_timeout=timeout, cache_root=cache_root)
+
+
+def _study_name(probe: Probe, hw: dict, spec: UserSpec, space: Space, plan: Plan) -> str:
+    shape = json.dumps([repr(space), len(plan.indices)], sort_keys=True)
+    digest = hashlib.sha256(shape.encode()).hexdigest()[:8]
+    return f"autotune-{probe.fingerprint}-{hw['fingerprint']}-b{spec.batch_size}-e{spec.epochs}-{digest}"
+
+
+def _storage_url(opts: SearchOptions) -> str:
+    if opts.storage:
+        return opts.storage
+    opts.workdir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(opts.workdir / 'studies.db').resolve()}"
+
+
+def _key(config: Config) -> str:
+    return json.dumps(config.to_dict(), sort_keys=True)
+
+
+class _Progress:
+    """A progress bar over the time budget (stderr), quiet when progress is off."""
+
+    def __init__(self, enabled: bool, budget: float):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=round(budget), unit="s", desc="autotune search", file=sys.stderr,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s {postfix}")
+        self.start = time.monotonic()
+
+    def update(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.n = min(self.bar.total, round(time.monotonic() - self.start))
+            self.bar.set_postfix_str(text, refresh=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.update("done")
+            self.bar.close()
+
+
+def search(spec: UserSpec, opts: SearchOptions) -> Outcome:
+    started = time.monotonic()
+    deadline = started + opts.budget
+    hw = hardware.collect(ranks_per_node=opts.ranks_per_node)
+    probe = probe_dataset(spec, seed=opts.seed)
+    limits = Limits(
+        usable_cpus=usable_cpus(opts.ranks_per_node),
+        memory_budget=opts.max_memory or default_budget(),
+        disk_free=disk_free(opts.workdir),
+        max_workers=opts.max_workers,
+        caches=opts.caches,
+        allocators=opts.allocators,
+    )
+    space = build_space(probe, limits, has_train_step=spec.train_step is not None)
+    trial_seconds = opts.trial_seconds or min(10.0, max(1.0, opts.budget / 40))
+    plan = make_plan(spec, probe, opts, trial_seconds)
+    workload = Workload(dataset=spec.dataset, batch_size=spec.batch_size, epochs=spec.epochs,
+                        collate_fn=spec.collate_fn, transform=spec.transform, train_step=spec.train_step,
+                        fingerprint=probe.fingerprint)
+    runner = Runner(workload, spec.sys_path, memory_limit=limits.memory_budget)
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    study = optuna.create_study(
+        study_name=_study_name(probe, hw, spec, space, plan),
+        storage=_storage_url(opts),
+        load_if_exists=True,
+        direction="minimize",
+        sampler=optuna.samplers.TPESampler(seed=opts.seed, multivariate=True, group=True,
+                                           n_startup_trials=6, constant_liar=True),
+        pruner=HopelessPruner(),
+    )
+    _fail_interrupted(study)
+    default = space.default()
+    seen = {t.user_attrs.get("config_key")
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
+    if _key(default) not in seen:
+        study.enqueue_trial(space.params_for(default), skip_if_exists=True)
+    rule_of_thumb = Config(num_workers=space.max_workers, prefetch_factor=2, persistent_workers=True,
+                           multiprocessing_context=space.contexts[0], main_threads=default.main_threads,
+                           worker_threads=1 if len(space.worker_threads) > 1 else None)
+    if space.max_workers and _key(rule_of_thumb) not in seen:
+        study.enqueue_trial(space.params_for(rule_of_thumb), skip_if_exists=True)
+
+    progress = _Progress(opts.progress, opts.budget)
+    durations: list[float] = []
+    repeats = 0
+    timeout = plan.batch_timeout
+    try:
+        while True:
+            elapsed = time.monotonic() - started
+            typical = statistics.median(durations) if durations else trial_seconds * 2
+            if elapsed + typical > opts.budget * SEARCH_SHARE or repeats >= 20:
+                break
+            trial = study.ask()
+            config = space.suggest(trial)
+            key = _key(config)
+            trial.set_user_attr("config", config.to_dict())
+            trial.set_user_attr("config_key", key)
+            earlier = _completed_value(study, key, trial.number)
+            if earlier is not None:
+                repeats += 1  # a point already measured: tell its figure, spend no time
+                trial.set_user_attr("repeat", True)
+                study.tell(trial, earlier)
+                continue
+            repeats = 0
+            t0 = time.monotonic()
+
+            def should_prune(step: int, value: float, trial: optuna.Trial = trial) -> bool:
+                trial.report(value, step)
+                return trial.should_prune()
+
+            remaining = max(5.0, deadline - time.monotonic())
+            try:
+                result = runner.run(config, plan, timeout=min(timeout, remaining), should_prune=should_prune)
+            except TrialPruned as exc:
+                trial.set_user_attr("reason", str(exc))
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            except TrialFailed as exc:
+                trial.set_user_attr("reason", str(exc))
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            except Exception as exc:  # noqa: BLE001 - a broken trial never stops the search
+                trial.set_user_attr("reason", f"{type(exc).__name__}: {exc}")
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            except BaseException:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
+            else:
+                _record(trial, result)
+                study.tell(trial, result["prediction"]["total_seconds"])
+            durations.append(time.monotonic() - t0)
+            progress.update(_status(study))
+        return _finish(study, space, runner, plan, probe, hw, limits, opts, started, progress, spec)
+    finally:
+        progress.close()
+
+
+def _fail_interrupted(study: optuna.Study) -> None:
+    """Trials left RUNNING by an earlier search that was killed are marked failed, so resuming is clean."""
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted (an earlier search stopped)")
+        study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+
+
+def _record(trial: optuna.Trial, result: dict) -> None:
+    trial.set_user_attr("prediction", result["prediction"])
+    trial.set_user_attr("epochs", result["epochs"])
+    trial.set_user_attr("peak_memory_bytes", result["peak_memory_bytes"])
+    trial.set_user_attr("measured_samples", result["measured_samples"])
+
+
+def _completed_value(study: optuna.Study, key: str, number: int) -> float | None:
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if t.number != number and t.user_attrs.get("config_key") == key:
+            return t.value
+    return None
+
+
+def _status(study: optuna.Study) -> str:
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    best = min((t.value for t in done), default=None)
+    return f"trial {len(study.trials)}" + (f", best {best:.2f} s" if best is not None else "")
+
+
+def _best_distinct(study: optuna.Study, count: int) -> list[optuna.trial.FrozenTrial]:
+    out: dict[str, optuna.trial.FrozenTrial] = {}
+    for t in sorted(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)),
+                    key=lambda t: t.value):
+        if t.user_attrs.get("repeat"):
+            continue
+        out.setdefault(t.user_attrs["config_key"], t)
+        if len(out) == count:
+            break
+    return list(out.values())
+
+
+def _finish(study, space, runner, plan, probe, hw, limits, opts, started, progress, spec) -> Outcome:
+    default = space.default()
+    finalists = _best_distinct(study, opts.finalists)
+    configs = [Config.from_dict(t.user_attrs["config"]) for t in finalists]
+    if default not in configs:
+        configs.append(default)
+    figures: dict[Config, list[dict]] = {c: [] for c in configs}
+    failed_finalists: set[Config] = set()
+    round_cost = sum(t.duration.total_seconds() for t in finalists if t.duration) + 2 * plan.batch_timeout / 20
+    remaining = opts.budget - (time.monotonic() - started)
+    rounds = max(1, min(ROUNDS, int(remaining / max(round_cost, 1e-3))))
+    for r in range(rounds):
+        order = configs[r % len(configs):] + configs[: r % len(configs)]  # rotate: A B C, B C A, ...
+        for config in order:
+            if config in failed_finalists:
+                continue
+            try:
+                figures[config].append(runner.run(config, plan, timeout=plan.batch_timeout))
+            except TrialFailed:
+                failed_finalists.add(config)
+            progress.update(f"finalists round {r + 1}/{rounds}")
+    medians = {c: _median_result(v) for c, v in figures.items() if v and c not in failed_finalists}
+    if default not in medians:
+        raise TrialFailed("the plain default (num_workers=0, no cache) could not be measured")
+    winner = min(medians, key=lambda c: medians[c]["prediction"]["total_seconds"])
+    is_default = winner == default
+    note = "fastest candidate in interleaved re-measurement" if not is_default else ""
+    if is_default and len(medians) > 1:
+        note = "no candidate beat the plain default in the interleaved A/B check; the recipe is the default"
+    elif is_default:
+        note = "the plain default is the only candidate that could be measured"
+    trials = study.get_trials(deepcopy=False)
+    states = optuna.trial.TrialState
+    return Outcome(
+        config=winner,
+        figures=medians[winner],
+        default_figures=medians[default],
+        is_default=is_default,
+        note=note,
+        trials=sum(1 for t in trials if not t.user_attrs.get("repeat") and t.state != states.RUNNING),
+        failed=[t.user_attrs.get("reason", "") for t in trials if t.state == states.FAIL],
+        pruned=sum(1 for t in trials if t.state == states.PRUNED),
+        search_seconds=time.monotonic() - started,
+        plan=plan,
+        probe=probe,
+        hardware=hw,
+        notes=list(limits.notes),
+        finalists=[
+            {"config": c.to_dict(), "total_seconds": [f["prediction"]["total_seconds"] for f in figures[c]]}
+            for c in configs
+        ],
+    )
+
+
+def _median_result(results: list[dict]) -> dict:
+    """The run whose predicted total is the median (lower median for an even count), with the peak memory
+    of all runs."""
+    ordered = sorted(results, key=lambda r: r["prediction"]["total_seconds"])
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    chosen["peak_memory_bytes"] = max(r["peak_memory_bytes"] for r in results)
+    chosen["runs"] = [r["prediction"]["total_seconds"] for r in results]
+    return chosen
