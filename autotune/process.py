@@ -213,9 +213,6 @@ class Applied:
     applied: list[str] = field(default_factory=list)
     not_applied: list[str] = field(default_factory=list)
 
-    def __bool__(self) -> bool:  # "did anything happen" reads naturally
-        return bool(self.applied or self.not_applied)
-
 
 def _runtime_allocator(settings: ProcessSettings, where: str, out: Applied) -> bool:
     """Apply what can be applied of the allocator now. True when mallopt should also run in workers."""

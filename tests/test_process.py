@@ -1,0 +1,384 @@
+"""autotune.process: settings round trip, the launch environment, and settings really applied in
+the main process, in DataLoader workers and in a child started with launch_env."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from autotune import allocator, process
+from autotune.errors import RecipeError
+from autotune.process import (
+    ProcessSettings,
+    apply_at_runtime,
+    command_line,
+    launch_env,
+    needs_fresh_process,
+    worker_init,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+GLIBC = allocator.is_glibc()
+TCMALLOC = allocator.find_library("tcmalloc")
+BUFFER = 64 << 20
+ROUNDS = 5
+WARMUP = 12
+HUGE_PAGES_PER_BUFFER = BUFFER // (2 << 20)  # the fewest faults a fresh 64 MB mapping can cost
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """os.environ without allocator settings, with this checkout importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    env.pop(allocator.ENV_LIBRARY_PATH, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS)])
+    env.update(extra)
+    return env
+
+
+def run_child(script: str, *args: str, env: dict[str, str] | None = None) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env=env if env is not None else clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def realloc_faults() -> int:
+    """Minor faults of ROUNDS frees and reallocations of a 64 MB torch buffer, after WARMUP ones.
+
+    torch allocates with posix_memalign, whose alignment slack leaves a freed block a little too
+    small for the next request until the heap has grown a few blocks' worth; with glibc's default
+    thresholds nothing is ever reused, so every round faults.
+    """
+    import resource
+
+    def once():
+        torch.empty(BUFFER, dtype=torch.uint8).fill_(1)
+
+    for _ in range(WARMUP):
+        once()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(ROUNDS):
+        once()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+class FaultDataset(Dataset):
+    """Each item reports the page faults its worker pays for reallocating a large buffer."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, idx: int):
+        applied = process.LAST_WORKER_APPLIED
+        return {
+            "faults": realloc_faults(),
+            "threads": torch.get_num_threads(),
+            "applied": applied.applied if applied is not None else None,
+            "chained": os.environ.get("CHAINED_WORKER", ""),
+        }
+
+
+def mark_chained(worker_id: int) -> None:
+    os.environ["CHAINED_WORKER"] = str(worker_id)
+
+
+def loader_report(allocator_name: str, context: str) -> list[dict]:
+    settings = ProcessSettings(allocator=allocator_name, worker_threads=1)
+    loader = DataLoader(
+        FaultDataset(),
+        batch_size=None,
+        num_workers=1,
+        multiprocessing_context=context,
+        worker_init_fn=worker_init(settings, chain=mark_chained),
+    )
+    return list(loader)
+
+
+# Run in a fresh process, so the parent's malloc state is the default and a forked worker does
+# not inherit thresholds from pytest's process.
+WORKER_SCRIPT = r"""
+import json, sys
+from test_process import loader_report
+print(json.dumps(loader_report(sys.argv[1], sys.argv[2])))
+"""
+
+MAIN_SCRIPT = r"""
+import json, sys
+from autotune.process import ProcessSettings, apply_at_runtime
+from test_process import realloc_faults
+import torch
+settings = ProcessSettings.from_dict(json.loads(sys.argv[1]))
+applied = apply_at_runtime(settings) if sys.argv[2] == "apply" else None
+print(json.dumps({
+    "faults": realloc_faults(),
+    "threads": torch.get_num_threads(),
+    "applied": applied.applied if applied is not None else None,
+    "not_applied": applied.not_applied if applied is not None else None,
+    "maps": open("/proc/self/maps").read(),
+    "env": {k: v for k, v in __import__("os").environ.items()
+            if k in ("LD_PRELOAD", "OMP_NUM_THREADS", "MKL_NUM_THREADS") or k.startswith("MALLOC_")},
+}))
+"""
+
+
+# ------------------------------------------------------------------ settings and the recipe dict
+
+
+def test_settings_round_trip_through_dict_and_json():
+    s = ProcessSettings(allocator="tcmalloc", omp_threads=2, mkl_threads=1, main_threads=3, worker_threads=1)
+    d = s.to_dict()
+    assert d == {
+        "allocator": "tcmalloc",
+        "omp_threads": 2,
+        "mkl_threads": 1,
+        "main_threads": 3,
+        "worker_threads": 1,
+    }
+    assert ProcessSettings.from_dict(json.loads(json.dumps(d))) == s
+    assert ProcessSettings.from_dict(ProcessSettings().to_dict()) == ProcessSettings()
+
+
+def test_from_dict_ignores_unknown_keys_and_defaults_missing_ones():
+    s = ProcessSettings.from_dict({"allocator": "glibc-tuned", "affinity": "0-3", "future": {"x": 1}})
+    assert s == ProcessSettings(allocator="glibc-tuned")
+    assert ProcessSettings.from_dict({}) == ProcessSettings()
+    assert ProcessSettings.from_dict(None) == ProcessSettings()
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"allocator": "mimalloc"}, "allocator must be one of glibc, glibc-tuned, tcmalloc, jemalloc, but got 'mimalloc'"),
+        ({"omp_threads": 0}, "omp_threads must be a positive integer or None, but got 0"),
+        ({"worker_threads": "2"}, "worker_threads must be a positive integer or None, but got '2'"),
+        ({"main_threads": True}, "main_threads must be a positive integer or None, but got True"),
+    ],
+)
+def test_from_dict_rejects_invalid_values_as_recipe_errors(data, message):
+    with pytest.raises(RecipeError) as info:
+        ProcessSettings.from_dict(data)
+    assert str(info.value) == f"the recipe's process settings are invalid: {message}"
+    assert info.value.exit_code == 2
+
+
+def test_settings_are_frozen():
+    with pytest.raises(Exception):
+        ProcessSettings().allocator = "tcmalloc"  # type: ignore[misc]
+
+
+# ------------------------------------------------------------------ launch_env
+
+
+def fake_libraries(tmp_path: Path, monkeypatch, *names: str) -> dict[str, str]:
+    """Point the library search at a folder holding (empty) files for ``names``."""
+    monkeypatch.setenv(allocator.ENV_LIBRARY_PATH, str(tmp_path))
+    paths = {}
+    for name in names:
+        path = tmp_path / allocator.PRELOAD_LIBRARIES[name][0]
+        path.write_bytes(b"")
+        paths[name] = str(path)
+    return paths
+
+
+def test_launch_env_prepends_preload_and_keeps_existing(tmp_path, monkeypatch):
+    libs = fake_libraries(tmp_path, monkeypatch, "tcmalloc", "jemalloc")
+    base = {"LD_PRELOAD": "/opt/a.so:/opt/b.so", "PATH": "/bin"}
+    env, notes = launch_env(ProcessSettings(allocator="tcmalloc", omp_threads=2, mkl_threads=1), base)
+    assert env["LD_PRELOAD"] == f"{libs['tcmalloc']}:/opt/a.so:/opt/b.so"
+    assert env["OMP_NUM_THREADS"] == "2"
+    assert env["MKL_NUM_THREADS"] == "1"
+    assert env["PATH"] == "/bin"
+    assert "MALLOC_MMAP_THRESHOLD_" not in env
+    assert notes == []
+    assert base == {"LD_PRELOAD": "/opt/a.so:/opt/b.so", "PATH": "/bin"}  # not modified
+
+    env, notes = launch_env(ProcessSettings(allocator="jemalloc"), {})
+    assert env == {"LD_PRELOAD": libs["jemalloc"]}
+    # already first in LD_PRELOAD: not added twice
+    env, _ = launch_env(ProcessSettings(allocator="jemalloc"), {"LD_PRELOAD": libs["jemalloc"]})
+    assert env["LD_PRELOAD"] == libs["jemalloc"]
+
+
+def test_launch_env_for_glibc_tuned_and_glibc():
+    env, notes = launch_env(ProcessSettings(allocator="glibc-tuned"), {"HOME": "/root"})
+    if GLIBC:
+        assert env == {
+            "HOME": "/root",
+            "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
+            "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+        }
+        assert notes == []
+    env, notes = launch_env(ProcessSettings(), {"HOME": "/root"})
+    assert env == {"HOME": "/root"} and notes == []
+
+
+def test_launch_env_falls_back_when_library_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setenv(allocator.ENV_LIBRARY_PATH, str(tmp_path))  # an empty folder
+    monkeypatch.setattr(allocator, "is_glibc", lambda: True)
+    env, notes = launch_env(ProcessSettings(allocator="tcmalloc", omp_threads=1), {"LD_PRELOAD": "/opt/a.so"})
+    assert notes == [
+        "tcmalloc not available: libtcmalloc_minimal.so.4 not found; install it with "
+        "`apt-get install libtcmalloc-minimal4`; using glibc-tuned instead"
+    ]
+    assert env == {
+        "LD_PRELOAD": "/opt/a.so",
+        "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
+        "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def test_launch_env_falls_back_to_plain_default_without_glibc(tmp_path, monkeypatch):
+    monkeypatch.setenv(allocator.ENV_LIBRARY_PATH, str(tmp_path))
+    monkeypatch.setattr(allocator, "is_glibc", lambda: False)
+    env, notes = launch_env(ProcessSettings(allocator="jemalloc"), {})
+    assert env == {}
+    assert notes == [
+        "jemalloc not available: libjemalloc.so.2 not found; install it with "
+        "`apt-get install libjemalloc2`; using glibc instead"
+    ]
+    env, notes = launch_env(ProcessSettings(allocator="glibc-tuned"), {})
+    assert env == {}
+    assert notes[0].startswith("glibc-tuned not available: needs glibc's mallopt")
+
+
+def test_launch_env_notes_another_preloaded_allocator(tmp_path, monkeypatch):
+    libs = fake_libraries(tmp_path, monkeypatch, "tcmalloc", "jemalloc")
+    env, notes = launch_env(ProcessSettings(allocator="tcmalloc"), {"LD_PRELOAD": libs["jemalloc"]})
+    assert env["LD_PRELOAD"] == f"{libs['tcmalloc']}:{libs['jemalloc']}"
+    assert notes == [
+        f"LD_PRELOAD already loads jemalloc ({libs['jemalloc']}), so the recipe's allocator "
+        "tcmalloc may not take effect; unset LD_PRELOAD to use it"
+    ]
+
+
+def test_command_line(tmp_path, monkeypatch):
+    libs = fake_libraries(tmp_path, monkeypatch, "tcmalloc")
+    s = ProcessSettings(allocator="tcmalloc", omp_threads=2)
+    assert command_line(s, ["python", "train.py", "--lr", "0.1"]) == (
+        f"LD_PRELOAD={libs['tcmalloc']} OMP_NUM_THREADS=2 python train.py --lr 0.1"
+    )
+    assert command_line(s, ["python", "my train.py"], via_run=True, recipe="r.json") == (
+        "autotune run --recipe r.json -- python 'my train.py'"
+    )
+    assert command_line(ProcessSettings(), ["python", "train.py"]) == "python train.py"
+
+
+def test_needs_fresh_process(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(allocator, "active_allocator", lambda: "glibc")
+    fake_libraries(tmp_path, monkeypatch, "tcmalloc")
+    assert needs_fresh_process(ProcessSettings()) is False
+    assert needs_fresh_process(ProcessSettings(allocator="glibc-tuned")) is False  # mallopt at run time
+    assert needs_fresh_process(ProcessSettings(allocator="tcmalloc")) is True
+    assert needs_fresh_process(ProcessSettings(omp_threads=1)) is True
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert needs_fresh_process(ProcessSettings(omp_threads=1)) is False
+    # jemalloc is missing here, so it falls back to glibc-tuned, which needs no fresh process
+    assert needs_fresh_process(ProcessSettings(allocator="jemalloc")) is False
+    # a process started with tcmalloc cannot go back to glibc
+    monkeypatch.setattr(allocator, "active_allocator", lambda: "tcmalloc")
+    assert needs_fresh_process(ProcessSettings(allocator="tcmalloc")) is False
+    assert needs_fresh_process(ProcessSettings()) is True
+
+
+# ------------------------------------------------------------------ applied for real
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
+@pytest.mark.timeout(120)
+def test_apply_at_runtime_applies_mallopt_in_main_process():
+    plain = run_child(MAIN_SCRIPT, json.dumps({"allocator": "glibc"}), "apply")
+    tuned = run_child(MAIN_SCRIPT, json.dumps({"allocator": "glibc-tuned", "main_threads": 1}), "apply")
+    assert plain["applied"] == [] and plain["not_applied"] == []
+    assert plain["faults"] >= ROUNDS * HUGE_PAGES_PER_BUFFER  # each reallocation maps fresh pages
+    assert tuned["faults"] < HUGE_PAGES_PER_BUFFER  # the freed block is reused
+    assert tuned["threads"] == 1
+    assert tuned["applied"][0] == "mallopt(M_MMAP_THRESHOLD=1 GiB, M_TRIM_THRESHOLD=1 GiB) in main process"
+    assert tuned["applied"][1].startswith("torch.set_num_threads(1) in main process (was ")
+    assert tuned["not_applied"] == []
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
+@pytest.mark.timeout(120)
+def test_apply_at_runtime_reports_what_needs_a_start(tmp_path):
+    # tcmalloc installed but not preloaded (or missing): glibc-tuned stands in, and it says so.
+    settings = {"allocator": "tcmalloc", "omp_threads": 1}
+    report = run_child(MAIN_SCRIPT, json.dumps(settings), "apply", env=clean_env())
+    run_hint = "start training with `autotune run -- python train.py`"
+    if TCMALLOC:
+        assert report["not_applied"][0] == f"tcmalloc needs a preload: {run_hint}"
+    else:
+        assert report["not_applied"][0].startswith("tcmalloc not available: libtcmalloc_minimal.so.4 not found")
+    assert report["not_applied"][1] == f"OMP_NUM_THREADS=1 takes effect only at start: {run_hint}"
+    assert report["applied"] == [
+        "mallopt(M_MMAP_THRESHOLD=1 GiB, M_TRIM_THRESHOLD=1 GiB) in main process, in place of tcmalloc"
+    ]
+    assert report["faults"] < HUGE_PAGES_PER_BUFFER
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_worker_init_applies_mallopt_and_threads_in_workers(context):
+    plain = run_child(WORKER_SCRIPT, "glibc", context)
+    tuned = run_child(WORKER_SCRIPT, "glibc-tuned", context)
+    for item in plain:
+        assert item["faults"] >= ROUNDS * HUGE_PAGES_PER_BUFFER
+        assert item["applied"] == ["torch.set_num_threads(1) in worker 0"]
+    # the first item pays for growing the heap once; after that nothing faults
+    for item in tuned:
+        assert item["faults"] < HUGE_PAGES_PER_BUFFER
+        assert item["applied"] == [
+            "mallopt(M_MMAP_THRESHOLD=1 GiB, M_TRIM_THRESHOLD=1 GiB) in worker 0",
+            "torch.set_num_threads(1) in worker 0",
+        ]
+    for item in plain + tuned:
+        assert item["threads"] == 1
+        assert item["chained"] == "0"  # the user's worker_init_fn still ran
+
+
+def test_worker_init_pickles():
+    init = worker_init(ProcessSettings(allocator="glibc-tuned", worker_threads=2), chain=mark_chained)
+    again = pickle.loads(pickle.dumps(init))
+    assert again == init
+    assert again.settings.worker_threads == 2
+
+
+@pytest.mark.skipif(not GLIBC, reason="the MALLOC_*_ variables are glibc's")
+@pytest.mark.timeout(120)
+def test_child_started_with_launch_env_has_tuned_glibc():
+    env, notes = launch_env(ProcessSettings(allocator="glibc-tuned", omp_threads=1), clean_env())
+    report = run_child(MAIN_SCRIPT, json.dumps({}), "measure", env=env)
+    assert notes == []
+    assert report["env"]["MALLOC_MMAP_THRESHOLD_"] == str(1 << 30)
+    assert report["env"]["OMP_NUM_THREADS"] == "1"
+    assert report["faults"] < HUGE_PAGES_PER_BUFFER
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["tcmalloc", "jemalloc"])
+def test_child_started_with_launch_env_has_preload_mapped(name):
+    path = allocator.find_library(name)
+    if path is None:
+        pytest.skip(f"{name} is not installed here (apt-get install {allocator.PACKAGES[name]})")
+    env, notes = launch_env(ProcessSettings(allocator=name), clean_env(LD_PRELOAD="/nonexistent-but-kept.so"))
+    assert notes == []
+    assert env["LD_PRELOAD"] == f"{path}:/nonexistent-but-kept.so"
+    report = run_child(MAIN_SCRIPT, json.dumps({"allocator": name}), "apply", env=env)
+    assert os.path.realpath(path) in report["maps"] or path in report["maps"]
+    assert report["applied"] == [f"{name} (preloaded at start) in main process"]
