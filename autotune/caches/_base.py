@@ -8,6 +8,7 @@ import hashlib
 import itertools
 import json
 import os
+import pickle
 import secrets
 import shutil
 from pathlib import Path
@@ -37,7 +38,9 @@ def _identity(x: Any) -> Any:
 
 
 class _Indexed(torch.utils.data.Dataset):
-    """Position k -> ``dataset[indices[k]]``: the reader a build iterates (module level: it pickles)."""
+    """Position k -> ``dataset[indices[k]]`` pickled with protocol 5: the reader a parallel build
+    iterates. The worker queue pickles with protocol 4, which turns big-endian numpy arrays
+    little-endian; sending protocol-5 bytes keeps every sample exact."""
 
     def __init__(self, dataset: Any, indices: Sequence[int]):
         self.dataset, self.indices = dataset, indices
@@ -45,8 +48,8 @@ class _Indexed(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, k: int) -> Any:
-        return self.dataset[self.indices[k]]
+    def __getitem__(self, k: int) -> bytes:
+        return pickle.dumps(self.dataset[self.indices[k]], protocol=5)
 
 
 def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progress: bool = True,
@@ -62,8 +65,8 @@ def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progr
             )
             it = iter(loader)
             try:
-                for sample in it:
-                    yield sample
+                for wire in it:
+                    yield pickle.loads(wire)
                     bar.update(1)
             finally:
                 it._shutdown_workers()  # an interrupted build leaves no worker behind

@@ -45,7 +45,15 @@ _ENVS_PID: list[int] = [os.getpid()]
 
 def _acquire(path: str) -> Any:
     _require_lmdb()
-    if _ENVS_PID[0] != os.getpid():  # a forked child: the parent's environments are not ours
+    if _ENVS_PID[0] != os.getpid():
+        # A forked child must not use its parent's environments; closing the inherited objects here
+        # unmaps only the child's copy (lock=False: no shared locks) and lifts py-lmdb's
+        # "already open in this process" guard, which the child inherited too.
+        for env, _ in _ENVS.values():
+            try:
+                env.close()
+            except Exception:
+                pass
         _ENVS.clear()
         _ENVS_PID[0] = os.getpid()
     entry = _ENVS.get(path)

@@ -1,0 +1,333 @@
+"""One conformance suite for every cache backend: exact samples, under real DataLoader workers
+(fork and spawn), atomic builds, stale/corrupt detection and rebuild, transforms, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import pickle
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from autotune import caches, cli
+from autotune.caches import (
+    BACKENDS, CachedDataset, CacheRebuildWarning, CorruptCache, StaleCache, get_backend, open_or_build,
+)
+from autotune.codec import samples_equal
+from autotune.errors import AutotuneError
+from test_codec import ZooDataset
+
+DISK = [b for b in BACKENDS if b != "memory"]
+DATA_FILE = {"pickle": "data.bin", "hdf5": "data.h5", "lmdb": "db/data.mdb"}
+
+
+def identity(x):
+    return x
+
+
+def with_pid(sample):
+    return os.getpid(), sample
+
+
+def add_noise(sample):
+    """A random augmentation: belongs in `transform`, after the cache."""
+    return sample + torch.rand(sample.shape)
+
+
+class Tensors(torch.utils.data.Dataset):
+    def __init__(self, n=12):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.arange(6, dtype=torch.float32).reshape(2, 3) + i
+
+
+class FailsAt(torch.utils.data.Dataset):
+    """Raises at ``bad`` (or kills its process when ``kill``): an interrupted build."""
+
+    def __init__(self, bad=5, kill=False):
+        self.bad, self.kill = bad, kill
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            if self.kill:
+                os._exit(3)
+            raise RuntimeError(f"decode failed at {i}")
+        return np.full(4, i, dtype=np.int32)
+
+
+def build(backend, dataset, tmp_path, fingerprint="fp", **kw):
+    return open_or_build(backend, dataset, root=tmp_path, manifest={"fingerprint": fingerprint, **kw},
+                         progress=False)
+
+
+def assert_exact(cache, dataset, indices=None):
+    indices = range(len(dataset)) if indices is None else indices
+    assert len(cache) == len(indices)
+    for k, i in enumerate(indices):
+        assert samples_equal(cache[k], dataset[i]), f"position {k} (dataset[{i}]) differs"
+
+
+# --------------------------------------------------------------------------------------------- exactness
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["zoo", "var"])
+def test_roundtrip_direct(backend, kind, tmp_path):
+    ds = ZooDataset(7, kind)
+    cache = build(backend, ds, tmp_path)
+    assert isinstance(cache, get_backend(backend))
+    assert_exact(cache, ds)
+    assert cache.nbytes > 0
+    with pytest.raises(IndexError):
+        cache[len(ds)]
+    if backend != "memory":  # reopened from disk it is still exact
+        assert_exact(get_backend(backend).open(cache.path, manifest=cache.manifest["expected"], verify=True), ds)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_subset_of_indices(backend, tmp_path):
+    ds = ZooDataset(9)
+    idx = [8, 2, 5]
+    cache = open_or_build(backend, ds, root=tmp_path, manifest={"fingerprint": "f"}, indices=idx, progress=False)
+    assert_exact(cache, ds, idx)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("workers, context", [(0, None), (1, "fork"), (2, "fork"), (1, "spawn"), (2, "spawn")])
+def test_roundtrip_through_dataloader_workers(backend, workers, context, tmp_path):
+    ds = ZooDataset(6, big_endian=False)
+    cache = build(backend, ds, tmp_path)
+    loader = torch.utils.data.DataLoader(
+        CachedDataset(cache, transform=with_pid), batch_size=None, num_workers=workers,
+        multiprocessing_context=context, collate_fn=identity,
+    )
+    pids = set()
+    for i, (pid, sample) in enumerate(loader):
+        pids.add(pid)
+        assert samples_equal(sample, ds[i]), f"sample {i} differs"
+    assert i == len(ds) - 1
+    if workers:
+        assert os.getpid() not in pids and len(pids) == workers  # every worker read (and opened) its own
+        if backend != "memory":
+            assert not cache.is_open  # the parent never opened a handle
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_overflow_samples_through_forked_workers(backend, tmp_path):
+    ds = ZooDataset(8, "var")
+    cache = build(backend, ds, tmp_path)
+    loader = torch.utils.data.DataLoader(CachedDataset(cache), batch_size=None, num_workers=2, collate_fn=identity)
+    got = list(loader)
+    assert all(samples_equal(got[i], ds[i]) for i in range(len(ds)))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_parallel_build_is_exact(backend, tmp_path):
+    ds = ZooDataset(10)
+    cache = open_or_build(backend, ds, root=tmp_path, manifest={"fingerprint": "p"}, workers=2, progress=True)
+    assert_exact(cache, ds)
+
+
+def test_memory_cache_is_a_few_contiguous_buffers():
+    ds = ZooDataset(5)
+    cache = open_or_build("memory", ds, root=None, manifest={}, progress=False)
+    assert len(cache.columns) == len(cache.schema.columns)
+    for col, leaf in zip(cache.columns, cache.schema.columns):
+        assert col.shape == (5, *leaf.shape) and col.flags.c_contiguous
+    assert cache.blobs.dtype == np.uint8 and cache.offsets.shape == (6,)
+
+
+@pytest.mark.parametrize("backend", DISK)
+def test_no_handle_in_parent_and_small_pickle(backend, tmp_path):
+    ds = Tensors(200)
+    cache = build(backend, ds, tmp_path)
+    assert not cache.is_open
+    small = len(pickle.dumps(cache))
+    assert small < 20_000, "the pickled cache must carry no data and no handle"
+    cache[3]
+    assert cache.is_open
+    clone = pickle.loads(pickle.dumps(cache))
+    assert not clone.is_open and len(pickle.dumps(cache)) == small
+    assert samples_equal(clone[7], ds[7])
+    cache.close()
+    assert not cache.is_open
+
+
+# --------------------------------------------------------------------------------------------- lifecycle
+@pytest.mark.parametrize("backend", DISK)
+def test_valid_cache_is_reused(backend, tmp_path):
+    ds = Tensors()
+    first = build(backend, ds, tmp_path)
+    data = first.path / DATA_FILE[backend]
+    mtime = data.stat().st_mtime_ns
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = build(backend, ds, tmp_path)
+    assert again.path == first.path and data.stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("backend", DISK)
+@pytest.mark.parametrize("damage", ["manifest", "truncate", "garble", "delete"])
+def test_corrupt_cache_is_detected_and_rebuilt(backend, damage, tmp_path):
+    ds = Tensors()
+    cache = build(backend, ds, tmp_path)
+    path, expected = cache.path, cache.manifest["expected"]
+    data = path / DATA_FILE[backend]
+    if damage == "manifest":
+        text = (path / "manifest.json").read_text()
+        (path / "manifest.json").write_text(text[: len(text) // 2])
+    elif damage == "truncate":
+        os.truncate(data, data.stat().st_size // 2)
+    elif damage == "garble":
+        raw = np.fromfile(data, dtype=np.uint8)
+        (raw ^ 0x5A).tofile(data)
+    else:
+        data.unlink()
+    with pytest.raises(CorruptCache):
+        get_backend(backend).open(path, manifest=expected)
+    with pytest.warns(CacheRebuildWarning, match="Rebuilding"):
+        rebuilt = build(backend, ds, tmp_path)
+    assert rebuilt.path == path
+    assert_exact(rebuilt, ds)
+    assert [e["status"] for e in caches.list_caches(tmp_path)] == ["valid"]
+
+
+@pytest.mark.parametrize("backend", ["pickle", "lmdb"])
+def test_one_garbled_record_fails_its_checksum(backend, tmp_path):
+    ds = Tensors(50)
+    cache = build(backend, ds, tmp_path)
+    data = cache.path / DATA_FILE[backend]
+    raw = bytearray(data.read_bytes())
+    needle = ds[17].numpy().tobytes()
+    at = raw.find(needle)
+    assert at > 0
+    raw[at + 5] ^= 0xFF  # one bit pattern inside sample 17's values
+    data.write_bytes(bytes(raw))
+    cls = get_backend(backend)
+    reopened = cls.open(cache.path, manifest=cache.manifest["expected"])  # the quick probe misses it
+    with pytest.raises(CorruptCache, match="checksum"):
+        reopened[17]
+    with pytest.raises(CorruptCache):
+        cls.open(cache.path, manifest=cache.manifest["expected"], verify=True)
+
+
+@pytest.mark.parametrize("backend", DISK)
+def test_stale_cache_is_detected_and_rebuilt(backend, tmp_path):
+    old = build(backend, Tensors(12), tmp_path, fingerprint="old", key="my_dataset")
+    with pytest.raises(StaleCache, match="fingerprint"):
+        get_backend(backend).open(old.path, manifest={**old.manifest["expected"], "fingerprint": "new"})
+    ds = Tensors(15)
+    with pytest.warns(CacheRebuildWarning, match="another dataset.*Rebuilding"):
+        new = build(backend, ds, tmp_path, fingerprint="new", key="my_dataset")
+    assert new.path == old.path
+    assert_exact(new, ds)
+    (entry,) = caches.list_caches(tmp_path)
+    assert entry["fingerprint"] == "new" and entry["samples"] == 15 and entry["status"] == "valid"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_interrupted_build_leaves_nothing(backend, workers, tmp_path):
+    with pytest.raises(RuntimeError, match="decode failed"):
+        open_or_build(backend, FailsAt(), root=tmp_path, manifest={"fingerprint": "x"}, progress=False,
+                      workers=workers)
+    assert not tmp_path.exists() or list(tmp_path.iterdir()) == []
+    assert caches.list_caches(tmp_path) == []
+
+
+def _build_then_die(root):
+    open_or_build("pickle", FailsAt(kill=True), root=root, manifest={"fingerprint": "x"}, progress=False)
+
+
+@pytest.mark.timeout(120)
+def test_killed_build_litter_is_never_read(tmp_path):
+    proc = multiprocessing.get_context("fork").Process(target=_build_then_die, args=(tmp_path,))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 3
+    (litter,) = list(tmp_path.iterdir())
+    assert litter.name.startswith(".pickle-x.tmp-")
+    with pytest.raises(CorruptCache, match="interrupted"):
+        get_backend("pickle").open(litter, manifest={"fingerprint": "x"})
+    (entry,) = caches.list_caches(tmp_path)
+    assert entry["status"] == "partial"
+    good = FailsAt(bad=-1)
+    assert_exact(open_or_build("pickle", good, root=tmp_path, manifest={"fingerprint": "x"}, progress=False), good)
+    assert caches.clear_caches(tmp_path) == 2 and list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------- transform
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_transform_stays_random_per_epoch(backend, tmp_path):
+    ds = Tensors()
+    cache = build(backend, ds, tmp_path)
+    assert_exact(cache, ds)  # before the transform: exactly the dataset
+    loader = torch.utils.data.DataLoader(CachedDataset(cache, add_noise), batch_size=4, num_workers=1)
+    epoch1 = torch.cat(list(loader))
+    epoch2 = torch.cat(list(loader))
+    assert not torch.equal(epoch1, epoch2)
+    base = torch.stack([ds[i] for i in range(len(ds))])
+    assert bool(((epoch1 - base) >= 0).all() and ((epoch1 - base) < 1).all())
+
+
+# --------------------------------------------------------------------------------------------- registry
+def test_get_backend_unknown_names_the_valid_ones():
+    assert get_backend("lmdb") is caches.LmdbCache
+    with pytest.raises(AutotuneError) as err:
+        get_backend("x")
+    assert str(err.value) == "Unknown cache backend 'x'. Valid backends: memory, pickle, hdf5, lmdb."
+
+
+def test_estimate_need():
+    mb = 1 << 20
+    ram, disk = caches.estimate_need("memory", 600_000, 1000)
+    assert ram >= 600 * 1000 * 1000 and disk == 0
+    for b in DISK:
+        ram, disk = caches.estimate_need(b, 600_000, 1000)
+        assert ram == 0 and 600_000 * 1000 <= disk < 1.5 * 600_000 * 1000 + 8 * mb
+    with pytest.raises(AutotuneError):
+        caches.estimate_need("zip", 1, 1)
+
+
+def test_memory_cache_cannot_be_opened_from_a_path():
+    with pytest.raises(ValueError, match="build"):
+        caches.MemoryCache.open("x", manifest={})
+
+
+# --------------------------------------------------------------------------------------------- CLI
+def test_cli_cache_list_and_clear(tmp_path, capsys):
+    for b in ("pickle", "lmdb", "hdf5"):
+        build(b, Tensors(), tmp_path, fingerprint="abcd1234")
+    (tmp_path / "unrelated").mkdir()
+    (tmp_path / "hdf5-abcd1234" / "manifest.json").write_text("{")
+    assert cli.main(["cache", "list", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["BACKEND", "PATH", "SAMPLES", "SIZE", "DATASET", "BUILT", "STATE"]
+    rows = {line.split()[0]: line for line in out[1:4]}
+    assert set(rows) == {"pickle", "lmdb", "hdf5"}
+    assert "abcd1234" in rows["pickle"] and rows["pickle"].rstrip().endswith("valid") and " 12 " in rows["pickle"]
+    assert rows["hdf5"].rstrip().endswith("corrupt")
+    assert "not valid" in out[-1]
+    assert cli.main(["cache", "clear", "--dir", str(tmp_path), "--backend", "pickle"]) == 0
+    assert "Removed 1 cache " in capsys.readouterr().out
+    assert sorted(e["backend"] for e in caches.list_caches(tmp_path)) == ["hdf5", "lmdb"]
+    assert cli.main(["cache", "clear", "--dir", str(tmp_path)]) == 0
+    assert "Removed 2 caches" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["unrelated"]
+    assert cli.main(["cache", "list", "--dir", str(tmp_path / "none")]) == 0
+    assert "No caches" in capsys.readouterr().out
