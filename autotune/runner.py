@@ -45,19 +45,33 @@ def failure_reason(exc: BaseException) -> str:
     if "Bus error" in str(exc) or "SIGBUS" in str(exc):
         return ("a worker died of a bus error: /dev/shm is too small for workers x prefetch_factor x "
                 "batch bytes (Docker: --shm-size)")
+    if "exited unexpectedly" in text or "killed by signal" in text:
+        return (f"{text}: a worker crashed (a bus error from a small /dev/shm, a segfault in native code, or "
+                "the out-of-memory killer)")
     if isinstance(exc, MemoryError):
         return "out of memory"
     if "timed out" in text.lower():
         return f"a batch did not arrive in time ({text})"
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and "Original Traceback" in str(exc):
+        # A worker's exception: keep where it happened and what the user's code raised.
+        return f"{lines[0].removeprefix('Caught ').rstrip('.')}: {lines[-1]}"
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+_TRIAL_PID = 0
+
+
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    if os.getpid() != _TRIAL_PID:
+        os._exit(143)  # a forked DataLoader worker inherited this handler: just go
     raise SystemExit(143)  # unwinds through the DataLoader iterator, which then stops its workers cleanly
 
 
 def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict, plan: Plan,
                 fork_fallback: bool) -> None:
+    global _TRIAL_PID
+    _TRIAL_PID = os.getpid()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     for folder in reversed(sys_path):
         if folder not in sys.path:
@@ -71,6 +85,8 @@ def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict
         result = measure(workload, Config.from_dict(config), plan,
                          report=lambda step, value: conn.send(("progress", step, value)))
         conn.send(("result", result))
+    except SystemExit:
+        pass  # stopped by the search (pruned, timed out): nobody is listening any more
     except BaseException as exc:  # noqa: BLE001 - every failure becomes the trial's reason
         try:
             conn.send(("error", failure_reason(exc)))

@@ -43,6 +43,7 @@ class SearchOptions:
     finalists: int = 3
     progress: bool = True
     trial_seconds: float | None = None  # target time of one default trial; derived from the budget
+    trial_timeout: float | None = None  # a trial still running after this is killed; derived by default
 
 
 @dataclass
@@ -89,7 +90,7 @@ def make_plan(spec: UserSpec, probe: Probe, opts: SearchOptions, seconds: float)
         count = max(spec.batch_size, count // spec.batch_size * spec.batch_size)
     indices = list(range(probe.length)) if count >= probe.length else probe_indices(probe.length, count, opts.seed)
     cache_root = str(opts.workdir / "cache" / "trials")
-    timeout = max(60.0, 20 * seconds)
+    timeout = opts.trial_timeout or max(60.0, 20 * seconds)
     return Plan(indices=indices, length=probe.length, seed=opts.seed, batch_timeout=timeout, cache_root=cache_root)
 
 
@@ -277,7 +278,10 @@ def _finish(study, space, runner, plan, probe, hw, limits, opts, started, progre
         configs.append(default)
     figures: dict[Config, list[dict]] = {c: [] for c in configs}
     failed_finalists: set[Config] = set()
-    round_cost = sum(t.duration.total_seconds() for t in finalists if t.duration) + 2 * plan.batch_timeout / 20
+    cost = {t.user_attrs.get("config_key"): t.duration.total_seconds()
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if t.duration}
+    typical = statistics.median(cost.values()) if cost else plan.batch_timeout / 10
+    round_cost = sum(cost.get(_key(c), typical) for c in configs)
     remaining = opts.budget - (time.monotonic() - started)
     rounds = max(1, min(ROUNDS, int(remaining / max(round_cost, 1e-3))))
     for r in range(rounds):

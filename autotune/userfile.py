@@ -82,15 +82,22 @@ def _callable_hook(module: Any, name: str, where: str) -> Callable | None:
 
 
 def _dataset_like_names(module: Any) -> list[str]:
+    """Names a user may have meant: dataset objects, and dataset classes or factories defined in the file."""
     names = []
     for key, value in vars(module).items():
         if key.startswith("_") or isinstance(value, type(sys)):
             continue
-        if looks_like_dataset(value) and not isinstance(value, type):
+        if not isinstance(value, type) and looks_like_dataset(value):
             names.append(key)
-        elif callable(value) and "data" in key.lower():
-            names.append(key)
+        elif callable(value) and getattr(value, "__module__", None) == module.__name__:
+            is_dataset_class = isinstance(value, type) and looks_like_dataset_class(value)
+            if is_dataset_class or "data" in key.lower():
+                names.append(key)
     return sorted(names)
+
+
+def looks_like_dataset_class(cls: type) -> bool:
+    return hasattr(cls, "__getitem__") and hasattr(cls, "__len__")
 
 
 def import_file(path: Path) -> Any:

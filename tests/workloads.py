@@ -1,0 +1,52 @@
+"""Small datasets for the search and factory tests, at module level so they pickle into trial processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+from torch.utils.data import Dataset, get_worker_info
+
+
+class Numbers(Dataset):
+    """Sample i is a small tensor holding i; ``delay`` seconds of work per sample."""
+
+    def __init__(self, n: int = 64, delay: float = 0.0):
+        self.n = n
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if self.delay:
+            time.sleep(self.delay)
+        return torch.full((4,), float(i)), i
+
+
+class RaisesInWorkers(Numbers):
+    def __getitem__(self, i: int):
+        if get_worker_info() is not None:
+            raise RuntimeError("this dataset only works in the main process")
+        return super().__getitem__(i)
+
+
+class BusErrorInWorkers(Numbers):
+    def __getitem__(self, i: int):
+        if get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGBUS)
+        return super().__getitem__(i)
+
+
+class HangsInWorkers(Numbers):
+    def __getitem__(self, i: int):
+        if get_worker_info() is not None:
+            time.sleep(3600)
+        return super().__getitem__(i)
+
+
+def double(sample):
+    tensor, label = sample
+    return tensor * 2, label
