@@ -8,6 +8,7 @@ always passes through untouched.
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,6 +40,18 @@ class Resolution:
 
     def describe(self) -> str:
         return ", ".join(f"{k}={self.settings[k]!r} ({self.sources[k]})" for k in self.settings)
+
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+
+
+def _caller_stacklevel() -> int:
+    """The warnings stacklevel of the first frame outside autotune, so a warning points at the user's line."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        level += 1
+        frame = frame.f_back
+    return level
 
 
 def recipe_config(profile: Any) -> Config:
@@ -106,11 +119,11 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = Non
         warnings.warn(
             f"The recipe was tuned for batch_size={tuned_batch}, but batch_size={overrides['batch_size']} was "
             "passed; the tuned settings may not be the fastest for it. Re-tune with --batch-size.",
-            stacklevel=3,
+            stacklevel=_caller_stacklevel(),
         )
     if (profile.measured or {}).get("has_transform") and transform is None:
         warnings.warn("The recipe was tuned with a per-sample transform; pass transform=... so the loader "
-                      "applies it after the cache, every epoch.", stacklevel=3)
+                      "applies it after the cache, every epoch.", stacklevel=_caller_stacklevel())
     config, res = _resolve(profile, overrides, cache)
     user_init = overrides.pop("worker_init_fn", None)
     if config.cache:
@@ -133,5 +146,5 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = Non
     for line in res.not_applied:
         if line not in _said:
             _said.add(line)
-            warnings.warn(f"autotune could not apply: {line}", stacklevel=3)
+            warnings.warn(f"autotune could not apply: {line}", stacklevel=_caller_stacklevel())
     return loader
