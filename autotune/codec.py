@@ -20,7 +20,6 @@ Two encodings are offered:
 from __future__ import annotations
 
 import hashlib
-import io
 import itertools
 import json
 import pickle

@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import pickle
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
