@@ -9,6 +9,11 @@ Four choices (DESIGN §2, issue 7):
 - ``tcmalloc`` and ``jemalloc``: other allocators; they replace ``malloc`` only when preloaded
   (``LD_PRELOAD``) before the process starts, so they need a fresh process.
 
+torch allocates tensors with ``posix_memalign``; its alignment slack leaves a freed block a little
+too small for the next request of the same size, so with raised thresholds the reuse settles only
+after the heap has grown a few blocks' worth (a handful of batches), then no batch faults again.
+With glibc's defaults every block of 32 MB or more is mmapped and unmapped, so every batch faults.
+
 This module only finds and switches; :mod:`autotune.process` decides what to apply where.
 """
 

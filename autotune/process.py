@@ -9,8 +9,8 @@ setting                   at run time (``apply_at_runtime``,    at start (``laun
 ========================  ===================================  =======================================
 allocator glibc-tuned     ``mallopt`` in main and workers       ``MALLOC_MMAP_THRESHOLD_`` /
                                                                ``MALLOC_TRIM_THRESHOLD_``
-allocator tcmalloc,       no (reported as not applied)          ``LD_PRELOAD``
-jemalloc
+allocator tcmalloc,       no (reported as not applied; glibc-   ``LD_PRELOAD``
+jemalloc                  tuned's mallopt stands in)
 omp_threads, mkl_threads  no (reported as not applied)          ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``
 main_threads              ``torch.set_num_threads`` in main     (by ``autotune.dataloader`` in the
                                                                started program)
