@@ -103,6 +103,7 @@ def profile_from(outcome: Outcome, spec: UserSpec, cache_root: Path) -> Profile:
             "notes": outcome.notes,
             "has_transform": spec.transform is not None,
             "finalists": outcome.finalists,
+            "study": outcome.study,
         },
     )
 

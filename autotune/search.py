@@ -64,6 +64,7 @@ class Outcome:
     hardware: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     finalists: list[dict[str, Any]] = field(default_factory=list)
+    study: dict[str, str] = field(default_factory=dict)  # name and storage URL, for report and optuna-dashboard
 
 
 class HopelessPruner(optuna.pruners.BasePruner):
@@ -324,6 +325,7 @@ def _finish(study, space, runner, plan, probe, hw, limits, opts, started, progre
             {"config": c.to_dict(), "total_seconds": [f["prediction"]["total_seconds"] for f in figures[c]]}
             for c in configs
         ],
+        study={"name": study.study_name, "storage": _storage_url(opts)},
     )
 
 
