@@ -38,7 +38,6 @@ HUGE_PAGES_PER_BUFFER = BUFFER // (2 << 20)  # the fewest faults a fresh 64 MB m
 def clean_env(**extra: str) -> dict[str, str]:
     """os.environ without allocator settings, with this checkout importable."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
-    env.pop(allocator.ENV_LIBRARY_PATH, None)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TESTS)])
     env.update(extra)
     return env

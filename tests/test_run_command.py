@@ -41,7 +41,7 @@ def write_recipe(path: Path, process: dict, hw: dict | None = None) -> Path:
 
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
-    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", allocator.ENV_LIBRARY_PATH):
+    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env.pop(k, None)
     env["PYTHONPATH"] = str(REPO)
     env.update(extra)
