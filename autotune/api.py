@@ -68,8 +68,13 @@ def profile_from(outcome: Outcome, spec: UserSpec, cache_root: Path) -> Profile:
     pred, dpred = figures["prediction"], default["prediction"]
     cache = None
     if config.cache:
-        cache = {"backend": config.cache, "path": str(cache_root / config.cache) if config.cache != "memory" else None,
-                 "manifest": {"dataset": outcome.probe.fingerprint, "length": outcome.probe.length}}
+        from autotune.caches import cache_path
+
+        key = {"key": spec.source if not spec.source.startswith("<") else type(spec.dataset).__name__}
+        cache = {"backend": config.cache, "root": str(cache_root),
+                 "path": None if config.cache == "memory" else str(cache_path(config.cache, cache_root, key)),
+                 "manifest": {**key, "fingerprint": outcome.probe.fingerprint, "length": outcome.probe.length},
+                 "built": "on first use by autotune.dataloader"}
     return Profile(
         hardware=outcome.hardware,
         dataset={"source": spec.source, "length": outcome.probe.length, "fingerprint": outcome.probe.fingerprint},

@@ -95,15 +95,34 @@ def _resolve(profile: Any, overrides: dict[str, Any], cache: Any) -> tuple[Confi
     return config, res
 
 
+def cache_manifest(dataset: Any, source: str | None) -> dict[str, Any]:
+    """The identity a full cache is stored under: a stable key from the dataset's source (so a changed
+    dataset replaces its old cache) and a fingerprint of the data itself (so a changed one is rebuilt)."""
+    from autotune.fingerprint import dataset_fingerprint
+
+    text = None
+    if source and not source.startswith("<"):
+        path = Path(source.rpartition(":")[0] or source)
+        text = path.read_text(errors="replace") if path.is_file() else None
+    key = source if source and not source.startswith("<") else type(dataset).__name__
+    return {"key": key, "fingerprint": dataset_fingerprint(dataset, text)}
+
+
 def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | Path | None, progress: bool,
                    workers: int) -> Any:
     from autotune import caches
-    from autotune.fingerprint import dataset_fingerprint
 
-    recorded = (profile.cache or {}).get("path")
-    root = Path(cache_dir) if cache_dir is not None else Path(recorded).parent if recorded else Path(".autotune/cache")
-    manifest = {"dataset": dataset_fingerprint(dataset), "length": len(dataset)}
+    recorded = (profile.cache or {}).get("root")
+    root = Path(cache_dir) if cache_dir is not None else Path(recorded) if recorded else caches.DEFAULT_ROOT
+    manifest = cache_manifest(dataset, profile.dataset.get("source"))
     return caches.open_or_build(backend, dataset, root=root, manifest=manifest, progress=progress, workers=workers)
+
+
+def _build_workers() -> int:
+    from autotune.cpus import usable_cpus
+
+    cpus = usable_cpus()
+    return cpus if cpus > 1 else 0
 
 
 def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = None, cache: Any = _UNSET,
@@ -127,8 +146,12 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = Non
     config, res = _resolve(profile, overrides, cache)
     user_init = overrides.pop("worker_init_fn", None)
     if config.cache:
-        source = _cached_source(dataset, config.cache, profile, cache_dir, progress, config.num_workers)
-        data = Transformed(source, transform)
+        from autotune.gather import cached_source
+
+        source = _cached_source(dataset, config.cache, profile, cache_dir, progress, _build_workers())
+        data, collate_fn = cached_source(source, transform, overrides.get("collate_fn"))
+        if collate_fn is not None:
+            overrides["collate_fn"] = collate_fn
     else:
         data = Transformed(dataset, transform) if transform is not None else dataset
     if apply_process_settings:

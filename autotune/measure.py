@@ -45,6 +45,7 @@ class Plan:
     epochs_measured: int = 2
     batch_timeout: float = 120.0
     cache_root: str | None = None
+    build_workers: int = 0  # processes decoding in parallel while a cache is built
     sample_memory: bool = True
 
 
@@ -56,10 +57,10 @@ def _consumer(workload: Workload, config: Config) -> Callable[[Any], Any]:
     return workload.train_step if workload.train_step is not None else DeviceConsumer(config.pin_memory)
 
 
-def _source(workload: Workload, config: Config, plan: Plan) -> tuple[Any, float]:
-    """The dataset the loader reads, and the seconds spent building its cache (on the subset)."""
+def _source(workload: Workload, config: Config, plan: Plan) -> tuple[Any, float, Callable | None]:
+    """The dataset the loader reads, the seconds spent building its cache (on the subset), the collate."""
     if config.cache is None:
-        return Transformed(workload.dataset, workload.transform, plan.indices), 0.0
+        return Transformed(workload.dataset, workload.transform, plan.indices), 0.0, workload.collate_fn
     from autotune import caches  # the cache family is only needed by caching candidates
 
     backend = caches.get_backend(config.cache)
@@ -68,9 +69,12 @@ def _source(workload: Workload, config: Config, plan: Plan) -> tuple[Any, float]
     manifest = {"dataset": workload.fingerprint, "trial": True}
     start = time.perf_counter()
     built = backend.build(workload.dataset, plan.indices, os.path.join(root, config.cache), manifest=manifest,
-                          progress=False)
+                          progress=False, workers=plan.build_workers)
     build_seconds = time.perf_counter() - start
-    return caches.CachedDataset(built, workload.transform), build_seconds
+    from autotune.gather import cached_source
+
+    dataset, collate_fn = cached_source(built, workload.transform, workload.collate_fn)
+    return dataset, build_seconds, collate_fn
 
 
 def _epoch(loader: Any, consume: Callable, sample_memory: bool, on_batch: Callable[[int, float, float], None]
@@ -108,11 +112,11 @@ def measure(workload: Workload, config: Config, plan: Plan, report: Report | Non
     Process settings (allocator, thread counts) are applied to this process: call it in a fresh one.
     """
     applied = apply_at_runtime(config.process_settings())
-    dataset, build_seconds = _source(workload, config, plan)
+    dataset, build_seconds, collate_fn = _source(workload, config, plan)
     generator = torch.Generator().manual_seed(plan.seed)
     loader = make_loader(
         dataset, config, batch_size=workload.batch_size, shuffle=True,
-        generator=generator, collate_fn=workload.collate_fn,
+        generator=generator, collate_fn=collate_fn,
         **({"timeout": plan.batch_timeout} if config.num_workers else {}),
     )
     consume = _consumer(workload, config)

@@ -81,7 +81,7 @@ class HopelessPruner(optuna.pruners.BasePruner):
         return bool(done) and trial.intermediate_values[step] > self.factor * min(done)
 
 
-def make_plan(spec: UserSpec, probe: Probe, opts: SearchOptions, seconds: float) -> Plan:
+def make_plan(spec: UserSpec, probe: Probe, opts: SearchOptions, seconds: float, build_workers: int = 0) -> Plan:
     """Choose the subset a trial measures: about ``seconds`` of default loading, whole batches."""
     per_sample = max(probe.sample_seconds, 1e-6)
     wanted = int(seconds / per_sample)
@@ -92,7 +92,8 @@ def make_plan(spec: UserSpec, probe: Probe, opts: SearchOptions, seconds: float)
     indices = list(range(probe.length)) if count >= probe.length else probe_indices(probe.length, count, opts.seed)
     cache_root = str(opts.workdir / "cache" / "trials")
     timeout = opts.trial_timeout or max(60.0, 20 * seconds)
-    return Plan(indices=indices, length=probe.length, seed=opts.seed, batch_timeout=timeout, cache_root=cache_root)
+    return Plan(indices=indices, length=probe.length, seed=opts.seed, batch_timeout=timeout, cache_root=cache_root,
+                build_workers=build_workers)
 
 
 def _study_name(probe: Probe, hw: dict, spec: UserSpec, space: Space, plan: Plan) -> str:
@@ -150,7 +151,7 @@ def search(spec: UserSpec, opts: SearchOptions) -> Outcome:
     )
     space = build_space(probe, limits, has_train_step=spec.train_step is not None)
     trial_seconds = opts.trial_seconds or min(10.0, max(1.0, opts.budget / 40))
-    plan = make_plan(spec, probe, opts, trial_seconds)
+    plan = make_plan(spec, probe, opts, trial_seconds, build_workers=limits.usable_cpus if limits.usable_cpus > 1 else 0)
     workload = Workload(dataset=spec.dataset, batch_size=spec.batch_size, epochs=spec.epochs,
                         collate_fn=spec.collate_fn, transform=spec.transform, train_step=spec.train_step,
                         fingerprint=probe.fingerprint)
