@@ -8,7 +8,9 @@ Every cell runs in a fresh Python process started with ``autotune.process.launch
 preload really applies; the runs are interleaved across columns (A B C D A B C D ...). Each process
 runs two epochs and reports the second (the first includes worker start-up and the allocator's
 warm-up); the cell is the median over ``--repeats`` processes with the min-max spread. Batch 64,
-shuffled with a fixed seed, default torch threads.
+shuffled with a fixed seed, default torch threads. Beside the wall time each process reports its
+own CPU time and minor page faults for that epoch: on a shared machine the wall time of a cell can
+be inflated by other load, the faults (what the allocator changes) cannot.
 
     python benchmarks/allocators.py [--repeats 3] [--output benchmarks/results/allocators.json]
 
@@ -100,16 +102,23 @@ def run_cell(row: str, images: int) -> dict:
     loader = DataLoader(
         ds, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(SEED), **kwargs
     )
-    times, faults = [], []
+    times, cpu, faults = [], [], []
     for _ in range(EPOCHS):
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        c0 = time.process_time()
         t0 = time.perf_counter()
         for batch in loader:
             pass
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
     del batch, loader
-    return {"epoch_s": times, "main_faults": faults, "active": allocator.active_allocator()}
+    return {
+        "epoch_s": times,
+        "main_cpu_s": cpu,
+        "main_faults": faults,
+        "active": allocator.active_allocator(),
+    }
 
 
 # ------------------------------------------------------------------ the driver
@@ -188,12 +197,22 @@ def main(argv: list[str] | None = None) -> int:
                 raw[row][column].append(result)
                 print(
                     f"{row:10s} {column:12s} #{rep + 1}: epoch 2 {result['epoch_s'][1]:.3f} s "
-                    f"(epoch 1 {result['epoch_s'][0]:.3f} s), main-process faults {result['main_faults'][1]}",
+                    f"(epoch 1 {result['epoch_s'][0]:.3f} s), main-process CPU "
+                    f"{result['main_cpu_s'][1]:.3f} s, faults {result['main_faults'][1]}",
                     file=sys.stderr,
                 )
 
-    header = "| path | " + " | ".join(COLUMNS[c] for c in columns) + " |"
-    lines = [header, "|---" * (len(columns) + 1) + "|"]
+    def table(title: str, key: str, fmt) -> str:
+        lines = [f"{title}", "", "| path | " + " | ".join(COLUMNS[c] for c in columns) + " |"]
+        lines.append("|---" * (len(columns) + 1) + "|")
+        for row in args.rows:
+            lines.append(
+                f"| {ROWS[row]} | "
+                + " | ".join(fmt([r[key][1] for r in raw[row][c]]) for c in columns)
+                + " |"
+            )
+        return "\n".join(lines)
+
     rows_out = []
     for row in args.rows:
         cells = {}
@@ -205,15 +224,18 @@ def main(argv: list[str] | None = None) -> int:
                 "min_s": min(second),
                 "max_s": max(second),
                 "epoch_s": [r["epoch_s"] for r in runs],
+                "main_cpu_s": [r["main_cpu_s"] for r in runs],
                 "main_faults": [r["main_faults"] for r in runs],
                 "active_allocator": runs[0]["active"],
             }
         rows_out.append({"row": row, "path": ROWS[row], "cells": cells})
-        lines.append(
-            f"| {ROWS[row]} | " + " | ".join(cell_text([r["epoch_s"][1] for r in raw[row][c]]) for c in columns) + " |"
-        )
-    table = "\n".join(lines)
-    print(table)
+    tables = "\n\n".join([
+        table("Epoch wall time, s: median (min–max)", "epoch_s", cell_text),
+        table("Main-process CPU time per epoch, s: median (min–max)", "main_cpu_s", cell_text),
+        table("Main-process minor page faults per epoch: median", "main_faults",
+              lambda v: f"{int(statistics.median(v)):,}"),
+    ])
+    print(tables)
 
     result = {
         "benchmark": "allocators",
@@ -231,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         "columns": {c: COLUMNS[c] for c in columns},
         "not_available": skipped,
         "rows": rows_out,
-        "table_markdown": table,
+        "tables_markdown": tables,
         "wall_s": round(time.time() - started, 1),
         # the machine is shared; a high load average means noisier cells
         "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
