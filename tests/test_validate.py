@@ -1,0 +1,153 @@
+"""autotune validate: the recipe run for real over real files, predicted against measured, stored."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import pytest
+
+import autotune
+from autotune import cli, hardware
+from autotune.predict import EpochTiming, scale_epoch
+from autotune.recipe import Profile, RecipeFile
+from autotune.validate import error_percent, store, validate
+
+from evict_workloads import FileSamples, page_cache_is_droppable, write_files
+
+pytestmark = pytest.mark.timeout(120)
+
+MEASURED = {"first_epoch_seconds": 2.0, "epoch_seconds": 0.5, "build_seconds": 0.0, "total_seconds": 3.0,
+            "speedup": 1.0}
+
+
+def write_recipe(path, *, loader=None, batch_size=8):
+    profile = Profile(
+        hardware=hardware.collect(),
+        dataset={"source": "<python object: FileSamples>", "length": 40, "fingerprint": "x"},
+        settings={"batch_size": batch_size, "epochs": 2},
+        loader=loader or {"num_workers": 0, "pin_memory": False},
+        measured=dict(MEASURED),
+    )
+    RecipeFile.merge_write(path, profile)
+    return path
+
+
+@pytest.fixture
+def files(tmp_path):
+    return write_files(tmp_path / "data", 40, 64 << 10)
+
+
+def test_error_percent():
+    assert error_percent(3.0, 2.0) == 50.0
+    assert error_percent(1.0, 2.0) == -50.0
+    assert error_percent(1.0, None) is None
+    assert error_percent(1.0, 0.0) is None
+
+
+def test_validate_whole_epochs(tmp_path, files):
+    recipe = autotune.load(write_recipe(tmp_path / "autotune.json"))
+    v = validate(recipe, FileSamples(files), epochs=3)
+    assert (v.batches_measured, v.full_batches, v.extrapolated) == (5, 5, False)
+    assert [e["batches"] for e in v.epochs] == [5, 5, 5]
+    assert v.measured_first_epoch_seconds == v.epochs[0]["seconds"]
+    assert v.measured_epoch_seconds == pytest.approx((v.epochs[1]["seconds"] + v.epochs[2]["seconds"]) / 2)  # median
+    assert v.predicted_first_epoch_seconds == 2.0 and v.predicted_epoch_seconds == 0.5
+    assert v.first_epoch_error_percent == pytest.approx((v.measured_first_epoch_seconds - 2.0) / 2.0 * 100)
+    assert v.epoch_error_percent == pytest.approx((v.measured_epoch_seconds - 0.5) / 0.5 * 100)
+    assert v.files_found_by == "path list"
+    assert v.eviction.files == 40 and v.eviction.bytes == 40 * (64 << 10)
+    if page_cache_is_droppable(tmp_path):
+        assert v.eviction.effective and v.eviction.resident_after <= 0.1
+    assert v.fits_page_cache is True
+    assert v.loader["num_workers"] == 0 and v.batch_size == 8
+    assert v.on_this_machine and v.profile_fingerprint == recipe.profile.fingerprint
+    json.dumps(v.to_dict())  # plain JSON
+
+
+def test_validate_bounded_and_extrapolated_with_workers(tmp_path, files):
+    loader = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": True, "pin_memory": False,
+              "multiprocessing_context": "fork"}
+    recipe = autotune.load(write_recipe(tmp_path / "autotune.json", loader=loader, batch_size=4))
+    seen = []
+    v = validate(recipe, FileSamples(files), train_step=lambda batch: seen.append(batch[1].tolist()), max_batches=3)
+    assert (v.batches_measured, v.full_batches, v.extrapolated) == (3, 10, True)
+    assert [e["batches"] for e in v.epochs] == [3, 3]
+    assert len(seen) == 6 and all(len(b) == 4 for b in seen)
+    assert seen[:3] != seen[3:], "each epoch is shuffled anew"
+    first = EpochTiming(**v.epochs[0])
+    assert v.measured_first_epoch_seconds == pytest.approx(scale_epoch(first, 10))
+    assert v.eviction.files == 12, "only the files of the batches the cold epoch reads"
+    assert v.loader["num_workers"] == 2 and v.loader["persistent_workers"] is True
+
+
+def test_validate_with_given_files_and_seeded_order(tmp_path, files):
+    recipe = autotune.load(write_recipe(tmp_path / "autotune.json"))
+    orders = []
+    for _ in range(2):
+        seen = []
+        v = validate(recipe, FileSamples(files), evict_paths=files[:3], train_step=lambda b: seen.extend(b[1].tolist()))
+        orders.append(seen)
+        assert v.files_found_by == "given" and v.eviction.files == 3
+    assert orders[0] == orders[1] and sorted(orders[0][:40]) == list(range(40))
+
+
+def test_store_writes_the_validation_and_keeps_the_rest(tmp_path, files):
+    path = write_recipe(tmp_path / "autotune.json")
+    before = json.loads(path.read_text())
+    recipe = autotune.load(path)
+    v = validate(recipe, FileSamples(files))
+    store(path, v)
+    after = json.loads(path.read_text())
+    (fp,) = after["profiles"]
+    stored = after["profiles"][fp]["measured"]["validation"]
+    assert stored == json.loads(json.dumps(v.to_dict()))
+    after["profiles"][fp]["measured"].pop("validation")
+    assert after == before
+    assert autotune.load(path).measured["validation"]["first_epoch_error_percent"] == v.first_epoch_error_percent
+
+
+def test_bad_arguments(tmp_path, files):
+    recipe = autotune.load(write_recipe(tmp_path / "autotune.json"))
+    with pytest.raises(autotune.AutotuneError, match="at least 2 epochs"):
+        validate(recipe, FileSamples(files), epochs=1)
+    with pytest.raises(autotune.AutotuneError, match="--max-batches must be at least 2"):
+        validate(recipe, FileSamples(files), max_batches=1)
+
+
+def dataset_file(tmp_path, files) -> str:
+    name = f"valds_{uuid.uuid4().hex[:8]}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(
+        "from evict_workloads import FileSamples\n"
+        f"dataset = FileSamples({[str(f) for f in files]!r})\n"
+        "batch_size = 8\n"
+    )
+    return str(path)
+
+
+def test_cli_prints_and_stores(tmp_path, files, capsys):
+    recipe_path = write_recipe(tmp_path / "autotune.json")
+    status = cli.main(["validate", dataset_file(tmp_path, files), "--recipe", str(recipe_path)])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "first epoch (cold)" in out and "later epoch (warm)" in out and "%" in out
+    assert "eviction" in out and "resident" in out
+    assert "measured whole epochs of 5 batches" in out
+    assert "Stored in" in out
+    (profile,) = json.loads(recipe_path.read_text())["profiles"].values()
+    assert "validation" in profile["measured"]
+
+
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, files, capsys):
+    recipe_path = write_recipe(tmp_path / "autotune.json")
+    target = dataset_file(tmp_path, files)
+    assert cli.main(["validate", target, "--recipe", str(recipe_path), "--max-batches", "1"]) == 2
+    assert cli.main(["validate", target, "--recipe", str(tmp_path / "absent.json")]) == 2
+    assert cli.main(["validate", str(tmp_path / "nope.py"), "--recipe", str(recipe_path)]) == 2
+    assert cli.main(["validate", target, "--recipe", str(recipe_path), "--data-dir", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 4 and all(line.startswith("autotune: error: ") for line in err)
+    (profile,) = json.loads(recipe_path.read_text())["profiles"].values()
+    assert "validation" not in profile["measured"]
