@@ -199,6 +199,8 @@ def dataset_files(dataset: Any, indices: Iterable[int], *, probe: int = 8) -> tu
     2. "path list": an attribute of the dataset is a list with one path per index (``self.paths``,
        ``self.samples`` of ``(path, label)``), and the probed reads opened exactly that index's file;
     3. "recorded": otherwise every index in ``indices`` is read once in this process, recording.
+
+    When the probed reads open no file at all, nothing more is read and the set is empty.
     """
     indices = list(indices)
     probed = indices[:: max(1, len(indices) // probe)][:probe] if indices else []
@@ -208,6 +210,8 @@ def dataset_files(dataset: Any, indices: Iterable[int], *, probe: int = 8) -> tu
     if not per_read:
         return set(), "no indices"
     first = per_read[0][1]
+    if not any(files for _, files in per_read):
+        return set(), "none opened (generated data, or files read by native code: pass --data-dir)"
     if len(per_read) > 1 and first and all(files == first for _, files in per_read):
         return set(first), "shared"
     try:

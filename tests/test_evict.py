@@ -191,3 +191,16 @@ def test_fits_page_cache():
     assert not fits_page_cache((2 << 30) + 1, available=4 << 30, reserve=2 << 30)
     assert not fits_page_cache(10_000_000 * (1 << 20))  # ten million samples of 1 MiB: nowhere
     assert isinstance(fits_page_cache(1), bool)
+
+
+def test_generated_data_opens_no_files():
+    from pathlib import Path
+
+    from autotune.userfile import import_file
+
+    big_synthetic = import_file(Path(__file__).resolve().parent.parent / "examples" / "big_synthetic.py")
+    assert len(big_synthetic.dataset) == 10_000_000
+    ds = big_synthetic.BigSynthetic(length=1000, sample_bytes=4096)
+    files, how = dataset_files(ds, range(1000))
+    assert files == set() and how.startswith("none opened")
+    assert bool((ds[7][0] == ds[7][0]).all()) and ds[7][1] == 7
