@@ -33,9 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    # --debug is accepted anywhere on the line, so `autotune search x.py --debug` works too.
-    debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
+    # --debug is accepted anywhere before `--`, so `autotune search x.py --debug` works too, while
+    # `autotune run -- python train.py --debug` leaves it to the user's program.
+    cut = argv.index("--") if "--" in argv else len(argv)
+    debug = "--debug" in argv[:cut]
+    argv = [a for a in argv[:cut] if a != "--debug"] + argv[cut:]
     parser = build_parser()
     args = parser.parse_args(argv)
     args.debug = debug

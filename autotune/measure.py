@@ -77,8 +77,12 @@ def _source(workload: Workload, config: Config, plan: Plan) -> tuple[Any, float,
     return dataset, build_seconds, collate_fn
 
 
-def _epoch(loader: Any, consume: Callable, sample_memory: bool, on_batch: Callable[[int, float, float], None]
-           ) -> tuple[EpochTiming, int]:
+class TrialStopped(Exception):
+    """The search asked this trial to stop (pruned): unwind normally so the workers shut down cleanly."""
+
+
+def _epoch(loader: Any, consume: Callable, sample_memory: bool, on_batch: Callable[[int, float, float], None],
+           should_stop: Callable[[], bool] | None = None) -> tuple[EpochTiming, int]:
     """Time one epoch; returns its timing and the memory read at its end (0 when not sampled)."""
     expected = len(loader)
     start = time.perf_counter()
@@ -93,6 +97,8 @@ def _epoch(loader: Any, consume: Callable, sample_memory: bool, on_batch: Callab
         if first is None:
             first = now - start
         on_batch(count, now - start, first)
+        if should_stop is not None and should_stop():
+            raise TrialStopped
         if count == expected:
             elapsed = now - start
             if sample_memory:
@@ -106,7 +112,8 @@ def _epoch(loader: Any, consume: Callable, sample_memory: bool, on_batch: Callab
     return EpochTiming(seconds=elapsed, first_batch=first or elapsed, batches=max(count, 1)), memory
 
 
-def measure(workload: Workload, config: Config, plan: Plan, report: Report | None = None) -> dict:
+def measure(workload: Workload, config: Config, plan: Plan, report: Report | None = None,
+            should_stop: Callable[[], bool] | None = None) -> dict:
     """Run ``plan.epochs_measured`` epochs of ``config`` over the plan's indices; return the figures.
 
     Process settings (allocator, thread counts) are applied to this process: call it in a fresh one.
@@ -125,20 +132,27 @@ def measure(workload: Workload, config: Config, plan: Plan, report: Report | Non
     timings: list[EpochTiming] = []
     peak = 0
 
+    build_full = build_seconds * plan.length / n
+    restarts = 1 if config.persistent_workers else workload.epochs  # worker start-up paid per epoch
+
     def progress(epoch: int) -> Callable[[int, float, float], None]:
-        checkpoints = {max(2, len(loader) // 3), len(loader)} if epoch == 0 else set()
+        """Report the figure so far: step 0 a lower bound from the first batch, then running estimates."""
+        checkpoints = {max(2, len(loader) // 3): 1, len(loader): 2} if epoch == 0 else {}
 
         def on_batch(count: int, elapsed: float, first: float) -> None:
-            if report is None or count not in checkpoints or count < 2:
+            if report is None or epoch:
                 return
-            per_batch = (elapsed - first) / (count - 1)
-            epoch_s = first + per_batch * (full_batches - 1)
-            report(1 if count < len(loader) else 2, build_seconds * plan.length / n + epoch_s * workload.epochs)
+            if count == 1:
+                report(0, build_full + first * restarts)
+            elif count in checkpoints:
+                per_batch = (elapsed - first) / (count - 1)
+                epoch_s = first + per_batch * (full_batches - 1)
+                report(checkpoints[count], build_full + epoch_s * workload.epochs)
 
         return on_batch
 
     for epoch in range(plan.epochs_measured):
-        timing, memory = _epoch(loader, consume, plan.sample_memory, progress(epoch))
+        timing, memory = _epoch(loader, consume, plan.sample_memory, progress(epoch), should_stop)
         timings.append(timing)
         peak = max(peak, memory)
     del loader

@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 import psutil
 
-from autotune.measure import Plan, Workload, measure
-from autotune.memory import format_bytes, tree_rss
+from autotune.measure import Plan, TrialStopped, Workload, measure
+from autotune.memory import format_bytes, tree_pss, tree_rss
 from autotune.process import PRELOAD_ALLOCATORS, launch_env
 from autotune.space import Config
 
@@ -65,6 +65,7 @@ _TRIAL_PID = 0
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     if os.getpid() != _TRIAL_PID:
         os._exit(143)  # a forked DataLoader worker inherited this handler: just go
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # once: unwinding must not be interrupted again
     raise SystemExit(143)  # unwinds through the DataLoader iterator, which then stops its workers cleanly
 
 
@@ -83,9 +84,10 @@ def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict
             torch.set_num_threads(1)  # the parent may have used OpenMP, which is not fork-safe
         workload = _INHERITED if blob is None else pickle.loads(blob)
         result = measure(workload, Config.from_dict(config), plan,
-                         report=lambda step, value: conn.send(("progress", step, value)))
+                         report=lambda step, value: conn.send(("progress", step, value)),
+                         should_stop=conn.poll)  # the only message the search sends is "stop"
         conn.send(("result", result))
-    except SystemExit:
+    except (SystemExit, TrialStopped):
         pass  # stopped by the search (pruned, timed out): nobody is listening any more
     except BaseException as exc:  # noqa: BLE001 - every failure becomes the trial's reason
         try:
@@ -162,7 +164,7 @@ class Runner:
             os.makedirs(plan.cache_root, exist_ok=True)
             trial_dir = tempfile.mkdtemp(prefix="trial-", dir=plan.cache_root)
             plan = dataclasses.replace(plan, cache_root=trial_dir)
-        receiver, sender = ctx.Pipe(duplex=False)
+        receiver, sender = ctx.Pipe(duplex=True)
         proc = ctx.Process(
             target=_trial_main,
             args=(sender, self.blob, self.sys_path, config.to_dict(), plan, self.fork_fallback),
@@ -188,6 +190,8 @@ class Runner:
                     if kind == "error":
                         raise TrialFailed(message[1])
                     if kind == "progress" and should_prune is not None and should_prune(message[1], message[2]):
+                        receiver.send("stop")  # the trial unwinds at its next batch; killed if it does not
+                        proc.join(5)
                         raise TrialPruned(f"pruned at step {message[1]}: predicted {message[2]:.2f} s")
                     continue
                 now = time.monotonic()
@@ -195,7 +199,11 @@ class Runner:
                     raise TrialFailed(f"timed out after {timeout:.0f} s (a hung worker or a very slow candidate)")
                 if self.memory_limit and now >= next_memory_check:
                     next_memory_check = now + 1.0
+                    # RSS is cheap but counts pages shared with forked workers once per worker; only
+                    # when it is over the limit is the costlier PSS read to confirm.
                     used = tree_rss(proc.pid)
+                    if used > self.memory_limit:
+                        used = tree_pss(proc.pid)
                     if used > self.memory_limit:
                         raise TrialFailed(
                             f"used {format_bytes(used)}, over the memory budget of {format_bytes(self.memory_limit)}"

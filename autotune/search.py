@@ -9,7 +9,7 @@ import statistics
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ import optuna
 from autotune import hardware
 from autotune.candidates import Limits, build_space, disk_free
 from autotune.cpus import usable_cpus
+from autotune.errors import AutotuneError
 from autotune.measure import Plan, Workload
 from autotune.memory import default_budget
 from autotune.probe import Probe, probe_dataset, probe_indices
@@ -68,17 +69,21 @@ class Outcome:
 
 
 class HopelessPruner(optuna.pruners.BasePruner):
-    """Stop a trial whose partial prediction is already far behind the best finished one."""
+    """Stop a trial whose partial prediction is already far behind the best finished one.
 
-    def __init__(self, factor: float = 1.5):
-        self.factor = factor
+    Step 0 is a lower bound (cache build and worker start-up alone), so a small margin for noise is
+    enough; steps 1 and 2 extrapolate from part of an epoch and get a wider one.
+    """
+
+    def __init__(self, factors: dict[int, float] | None = None):
+        self.factors = factors or {0: 1.2, 1: 1.6, 2: 1.4}
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
         step = trial.last_step
         if step is None:
             return False
         done = [t.value for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
-        return bool(done) and trial.intermediate_values[step] > self.factor * min(done)
+        return bool(done) and trial.intermediate_values[step] > self.factors.get(step, 1.5) * min(done)
 
 
 def make_plan(spec: UserSpec, probe: Probe, opts: SearchOptions, seconds: float, build_workers: int = 0) -> Plan:
@@ -174,11 +179,9 @@ def search(spec: UserSpec, opts: SearchOptions) -> Outcome:
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
     if _key(default) not in seen:
         study.enqueue_trial(space.params_for(default), skip_if_exists=True)
-    rule_of_thumb = Config(num_workers=space.max_workers, prefetch_factor=2, persistent_workers=True,
-                           multiprocessing_context=space.contexts[0], main_threads=default.main_threads,
-                           worker_threads=1 if len(space.worker_threads) > 1 else None)
-    if space.max_workers and _key(rule_of_thumb) not in seen:
-        study.enqueue_trial(space.params_for(rule_of_thumb), skip_if_exists=True)
+    for prior in _priors(space, default):
+        if _key(prior) not in seen:
+            study.enqueue_trial(space.params_for(prior), skip_if_exists=True)
 
     progress = _Progress(opts.progress, opts.budget)
     durations: list[float] = []
@@ -233,6 +236,22 @@ def search(spec: UserSpec, opts: SearchOptions) -> Outcome:
         progress.close()
 
 
+def _priors(space: Space, default: Config) -> list[Config]:
+    """Informed first points, measured before the sampler explores: the default every recipe is checked
+    against, the usual advice (a worker per CPU, persistent), and a cache read in the main process."""
+    priors = [default]
+    if space.max_workers:
+        priors.append(Config(num_workers=space.max_workers, prefetch_factor=2, persistent_workers=True,
+                             multiprocessing_context=space.contexts[0], main_threads=default.main_threads,
+                             worker_threads=1 if len(space.worker_threads) > 1 else None))
+    caches = [c for c in space.caches if c is not None]
+    if caches:
+        allocator = "glibc-tuned" if "glibc-tuned" in space.allocators else default.allocator
+        cache = "memory" if "memory" in caches else caches[0]
+        priors.append(replace(default, cache=cache, allocator=allocator))
+    return priors
+
+
 def _fail_interrupted(study: optuna.Study) -> None:
     """Trials left RUNNING by an earlier search that was killed are marked failed, so resuming is clean."""
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
@@ -279,7 +298,7 @@ def _finish(study, space, runner, plan, probe, hw, limits, opts, started, progre
     if default not in configs:
         configs.append(default)
     figures: dict[Config, list[dict]] = {c: [] for c in configs}
-    failed_finalists: set[Config] = set()
+    failed_finalists: dict[Config, str] = {}
     cost = {t.user_attrs.get("config_key"): t.duration.total_seconds()
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if t.duration}
     typical = statistics.median(cost.values()) if cost else plan.batch_timeout / 10
@@ -298,7 +317,11 @@ def _finish(study, space, runner, plan, probe, hw, limits, opts, started, progre
             progress.update(f"finalists round {r + 1}/{rounds}")
     medians = {c: _median_result(v) for c, v in figures.items() if v and c not in failed_finalists}
     if default not in medians:
-        raise TrialFailed("the plain default (num_workers=0, no cache) could not be measured")
+        reason = failed_finalists.get(default, "it was not measured")
+        raise AutotuneError(
+            f"Even the plain default (num_workers=0, no cache) could not be measured: {reason}. "
+            "Fix that first (a larger --max-memory, a dataset that loads in the main process)."
+        )
     winner = min(medians, key=lambda c: medians[c]["prediction"]["total_seconds"])
     is_default = winner == default
     note = "fastest candidate in interleaved re-measurement" if not is_default else ""

@@ -50,3 +50,28 @@ class HangsInWorkers(Numbers):
 def double(sample):
     tensor, label = sample
     return tensor * 2, label
+
+
+class Noisy(Numbers):
+    """Random in __getitem__: a cache would freeze it."""
+
+    def __getitem__(self, i: int):
+        return torch.rand(4), i
+
+
+def jitter(sample):
+    tensor, label = sample
+    return tensor + torch.rand_like(tensor), label
+
+
+class Megabytes(Dataset):
+    """Samples of 1 MiB made from the index: a large dataset with nothing on disk."""
+
+    def __init__(self, n: int = 1000):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.full((1 << 18,), float(i))

@@ -1,0 +1,92 @@
+"""Caches as a dimension of the search, and the factory building or reusing them."""
+
+from __future__ import annotations
+
+import warnings
+
+import optuna
+import pytest
+import torch
+
+import autotune
+from autotune.api import search_spec
+from autotune.caches import CacheRebuildWarning, list_caches
+from autotune.search import SearchOptions
+from autotune.userfile import UserSpec
+
+from workloads import Megabytes, Noisy, Numbers, jitter
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def spec_for(dataset, epochs=2, transform=None):
+    return UserSpec(dataset=dataset, source=f"<python object: {type(dataset).__name__}>", batch_size=8,
+                    epochs=epochs, transform=transform)
+
+
+def opts(tmp_path, budget, **kw):
+    kw.setdefault("allocators", ("glibc",))
+    return SearchOptions(budget=budget, workdir=tmp_path / ".autotune", progress=False, **kw)
+
+
+def cache_params(outcome):
+    storage = outcome.study["storage"]
+    study = optuna.load_study(study_name=outcome.study["name"], storage=storage)
+    return {t.params.get("cache") for t in study.trials}
+
+
+def test_random_samples_leave_every_cache_out(tmp_path):
+    _, outcome = search_spec(spec_for(Noisy(24)), opts(tmp_path, 8), None)
+    assert outcome.is_default or outcome.config.cache is None
+    (note,) = [n for n in outcome.notes if n.startswith("caches left out")]
+    assert "differ" in note and "transform" in note
+    assert cache_params(outcome) == {None}
+
+
+def test_a_cache_that_does_not_fit_is_left_out_with_its_reason(tmp_path):
+    budget = 800 << 20  # room for a trial process, not for 1000 MiB of cached samples
+    _, outcome = search_spec(spec_for(Megabytes(1000)), opts(tmp_path, 6, max_memory=budget, max_workers=0,
+                                                             caches=("memory",)), None)
+    assert any(n.startswith("cache memory left out: needs ~") and "--max-memory" in n for n in outcome.notes)
+    assert "memory" not in cache_params(outcome)
+
+
+def test_restricting_the_caches(tmp_path):
+    _, outcome = search_spec(spec_for(Numbers(24)), opts(tmp_path, 8, caches=("lmdb",)), None)
+    assert cache_params(outcome) == {"none", "lmdb"}
+
+
+def test_a_slow_dataset_read_for_many_epochs_gets_a_cache(tmp_path):
+    out = tmp_path / "autotune.json"
+    recipe, outcome = search_spec(spec_for(Numbers(64, delay=0.01), epochs=30), opts(tmp_path, 30), out)
+    assert recipe.config.cache is not None, outcome.finalists
+    assert recipe.profile.cache["backend"] == recipe.config.cache
+    # The factory builds the full cache on first use, then reuses it.
+    root = tmp_path / "caches"
+    first = [s for b in recipe.dataloader(Numbers(64), cache_dir=root, shuffle=False) for s in b[1].tolist()]
+    assert first == list(range(64))
+    if recipe.config.cache != "memory":
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CacheRebuildWarning)
+            recipe.dataloader(Numbers(64), cache_dir=root)
+        assert [c["status"] for c in list_caches(root)] == ["valid"]
+
+
+@pytest.mark.parametrize("backend", ["memory", "pickle", "hdf5", "lmdb"])
+def test_forcing_a_backend_keeps_samples_exact_and_transform_random(tmp_path, backend):
+    recipe_path = tmp_path / "autotune.json"
+    search_spec(spec_for(Numbers(16), transform=jitter), opts(tmp_path, 6, caches=("none",), max_workers=0),
+                recipe_path)
+    dataset = Numbers(16)
+    plain = autotune.dataloader(dataset, recipe_path, cache=backend, cache_dir=tmp_path / "c", num_workers=2,
+                                shuffle=False)
+    assert plain.num_workers == 2
+    labels = [i for _, b in plain for i in b.tolist()]
+    assert labels == list(range(16))
+    tensors = torch.cat([t for t, _ in plain])
+    assert torch.equal(tensors, torch.stack([dataset[i][0] for i in range(16)]))
+    noisy = autotune.dataloader(dataset, recipe_path, cache=backend, cache_dir=tmp_path / "c", transform=jitter,
+                                shuffle=False)
+    one, two = torch.cat([t for t, _ in noisy]), torch.cat([t for t, _ in noisy])
+    assert not torch.equal(one, two), "the transform runs every epoch, after the cache"
+    assert torch.all((one - tensors >= 0) & (one - tensors < 1))
