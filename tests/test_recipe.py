@@ -240,7 +240,7 @@ def test_saved_v1_sample_loads():
     assert laptop.loader["num_workers"] == 6 and laptop.cache is None
     assert node.hardware["gpus"] == ["NVIDIA A100-SXM4-80GB"] * 4
     assert node.cache["backend"] == "memory"
-    assert node.measured["subset"] == {"samples": 512, "seed": 0}
+    assert node.measured["subset"] == {"measured": 512, "length": 2000, "extrapolated": True}
     # the keys on disk are the fingerprints the hardware gives today
     raw = json.loads(SAMPLE.read_text())
     assert set(raw["profiles"]) == set(rf.profiles)

@@ -71,16 +71,21 @@ def _speedup(m: dict[str, Any]) -> float | None:
 def _subset(subset: Any, length: Any) -> str:
     if not subset:
         return "measured on the whole dataset"
-    if isinstance(subset, dict):
-        n = next((subset[k] for k in ("samples", "size", "length", "n") if k in subset), None)
-        rest = {k: v for k, v in subset.items() if k not in ("samples", "size", "length", "n")}
-        text = "measured on a subset"
-        if n is not None:
-            text += f" of {n}" + (f" of {length} samples" if length is not None else " samples")
-        if rest:
-            text += f" ({_pairs(rest)})"
-        return text + ", extrapolated"
+    if isinstance(subset, dict) and "measured" in subset:
+        if not subset.get("extrapolated"):
+            return f"measured on all {subset['measured']} samples"
+        return f"measured on a seeded subset of {subset['measured']} of {subset.get('length', length)} samples, extrapolated"
     return f"measured on a subset ({subset}), extrapolated"
+
+
+def _process_command(p: Profile) -> str | None:
+    """The exact command that starts training with the recipe's process settings (issue 7)."""
+    from autotune.process import ProcessSettings, command_line
+
+    settings = ProcessSettings.from_dict(p.process)
+    if settings.allocator in ("glibc", "glibc-tuned") and settings.omp_threads is None and settings.mkl_threads is None:
+        return None  # applied at run time by autotune.dataloader: nothing to do at start
+    return f"{command_line(settings, ['python', 'train.py'])}   (or: autotune run -- python train.py)"
 
 
 def _rows(p: Profile) -> list[tuple[str, str]]:
@@ -102,6 +107,9 @@ def _rows(p: Profile) -> list[tuple[str, str]]:
     rows.append(("threads", f"worker {_value(p.threads.get('worker'))}, main {_value(p.threads.get('main'))}"))
     if p.process:
         rows.append(("process", _pairs(p.process)))
+        command = _process_command(p)
+        if command:
+            rows.append(("start with", command))
     if p.cache:
         cache = str(p.cache.get("backend", "unknown"))
         if p.cache.get("path"):
@@ -117,8 +125,6 @@ def _rows(p: Profile) -> list[tuple[str, str]]:
         if default:
             text += f" vs {default} for the default (num_workers=0)"
         speed = _speedup(m)
-        if speed is not None:
-            text += f": {speed:.2f}x as fast"
         first = _seconds(m.get("first_epoch_seconds"))
         if first:
             text += f"; first epoch {first}"
@@ -126,6 +132,9 @@ def _rows(p: Profile) -> list[tuple[str, str]]:
     total, dtotal = _seconds(m.get("total_seconds")), _seconds(m.get("default_total_seconds"))
     if total:
         text = f"{total} in all" + (f" vs {dtotal} for the default" if dtotal else "")
+        speed = _speedup(m)
+        if speed is not None:
+            text += f": {speed:.2f}x as fast"
         rows.append(("total", text))
     if m.get("is_default"):
         rows.append(("verdict", "the plain default was fastest here; the recipe is the default"))
