@@ -145,6 +145,9 @@ def _plot_history(rows: list[TrialRow], measured: dict[str, Any]) -> bytes:
         bottom = ax.get_ylim()[0]
         ax.scatter([r.number for r in failed], [bottom] * len(failed), marker="v", color="black", s=30,
                    label=f"failed ({len(failed)})", clip_on=False, zorder=4)
+    values = [r.value for r in done + pruned if r.value and r.value > 0]
+    if values and max(values) / min(values) > 20:
+        ax.set_yscale("log")
     ax.set_xlabel("trial number")
     ax.set_ylabel("predicted whole run (s)")
     ax.set_title("Optimisation history")
@@ -280,7 +283,8 @@ def _cold_warm_rows(profile: Any, rows: list[TrialRow] | None) -> list[tuple[str
             same = [r for r in runs if Config.from_dict(r.config) == config]
             if same:
                 p = min(same, key=lambda r: r.value).prediction
-                out.append((_label(config.to_dict()), p["first_epoch_seconds"], p["epoch_seconds"], "finalist"))
+                out.append((_label(config.to_dict()), p["first_epoch_seconds"], p["epoch_seconds"],
+                            "finalist, search trial"))
     return out
 
 
@@ -299,8 +303,8 @@ def _plot_cold_warm(profile: Any, rows: list[TrialRow] | None) -> bytes:
     ax.set_xlabel("seconds per epoch (whole dataset)")
     ax.set_title("First (cold) epoch against a warm one")
     longest = max((max(first, warm) for _, first, warm, _ in data), default=1.0)
-    ax.set_xlim(0, longest * 1.15)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=2, frameon=False)
+    ax.set_xlim(0, longest * 1.45)
+    ax.legend(fontsize=8, loc="upper right")
     ax.grid(alpha=0.3, axis="x")
     return _png(fig)
 
@@ -417,8 +421,9 @@ def build_report(recipe_path: str | os.PathLike, output: str | os.PathLike = "re
         "finalists", "The finalists re-measured interleaved (A B C, B C A, ...); the winner is chosen by median "
                      "and must beat the plain default.")))
     parts.append(_section("cold-warm", "Cold against warm epoch", plot(
-        "cold-warm", "The first epoch reads from cold files (and builds nothing: a cache build is counted "
-                     "apart); later epochs read from the page cache or the cache.")))
+        "cold-warm", "Predicted first epoch (cold files) against a later, warm one over the whole dataset (a "
+                     "cache build is counted apart). The chosen recipe and the default are the interleaved "
+                     "re-measurements; other finalists are their best search trial.")))
     parts.append(_section("hardware", "Hardware it was tuned on", _table(_hardware_pairs(profile.hardware))))
     if result.dashboard_command:
         study_body = (f"<p>Study <code>{html.escape(str(study.get('name')))}</code>. Open it in optuna-dashboard "
