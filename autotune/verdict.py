@@ -142,11 +142,24 @@ def _loader_time(stages: dict[str, float], cpus: int) -> float:
     return max(worker_side, stages["transfer"])
 
 
+def _effective(stages: dict[str, float], cpus: int) -> dict[str, float]:
+    """Per-batch seconds of each stage once the worker stages are spread over ``cpus``."""
+    return {k: (v if k == "transfer" else v / cpus) for k, v in stages.items()}
+
+
 def _dominant(stages: dict[str, float], cpus: int) -> str | None:
     """The stage that costs most per batch once the worker stages are spread over ``cpus``."""
-    effective = {k: (v if k == "transfer" else v / cpus) for k, v in stages.items()}
+    effective = _effective(stages, cpus)
     best = max(effective, key=lambda k: effective[k])
     return best if effective[best] > 0 else None
+
+
+def _runner_up(stages: dict[str, float], cpus: int, first: str, close: float = 0.75) -> str | None:
+    """The second stage when it costs at least ``close`` of the first (noise could swap them)."""
+    effective = _effective(stages, cpus)
+    others = {k: v for k, v in effective.items() if k != first}
+    second = max(others, key=lambda k: others[k])
+    return second if effective[first] > 0 and others[second] >= close * effective[first] else None
 
 
 def _ms(seconds: float) -> str:
@@ -239,6 +252,11 @@ def judge(m: Measurements) -> Verdict:
 
     if not consumer_bound and stage is not None:
         _advice(m, stage, stages, shares, loader_cpus, helps, cannot, lines)
+        runner_up = _runner_up(stages, loader_cpus, stage)
+        if runner_up is not None:
+            lines.append(f"{STAGE_LABELS[runner_up].capitalize()} is close behind "
+                         f"({_ms(_effective(stages, loader_cpus)[runner_up])} per batch against "
+                         f"{_ms(_effective(stages, loader_cpus)[stage])}): once {stage} is cut, it will be next.")
     if first is not None and first != stage and first == "storage":
         lines.append(
             f"The first epoch reads cold files: {_ms(cold_stages['storage'])} of storage per batch makes "

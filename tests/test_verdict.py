@@ -132,3 +132,12 @@ def test_table_with_cuda_shows_pin_and_copy():
     m = measurements(cuda=True, pin=2e-3, h2d=3e-3)
     text = format_table(m, judge(m))
     assert "pin memory" in text and "host-to-device copy" in text and "n/a (no CUDA)" not in text
+
+
+def test_a_close_second_stage_is_named():
+    # decode 32 * 1.9 ms / 4 CPUs = 15.2 ms per batch against a transfer of 16 ms
+    v = judge(measurements(sample_warm=1.9e-3, read_warm=0.0, collate=0.0, transfer=16e-3))
+    assert v.stage == "transfer"
+    assert any("close behind" in line and "decode" in line.lower() for line in v.explanation)
+    v = judge(measurements(transfer=0.2))
+    assert not any("close behind" in line for line in v.explanation)
