@@ -357,3 +357,96 @@ def recipe_setup(profile_dict: dict, dataset_fn: Callable[[], Any], files_fn: Ca
     return Setup(files=files_fn(dataset), prepare=prepare,
                  info={"config": Recipe(profile).config.describe(), "allocator": profile.process.get("allocator")})
 
+
+
+# ------------------------------------------------------------------------------------------ search, grid
+
+
+def autotune_search(spec: Any, *, budget: float, workdir: Path, **options: Any) -> tuple[Any, Any, dict]:
+    """Run autotune's own search in-process; return (recipe, outcome, timing) with the wall time."""
+    from autotune.api import search_spec
+    from autotune.search import SearchOptions
+
+    opts = SearchOptions(budget=budget, workdir=workdir / ".autotune", progress=False, **options)
+    started_wall = time.time()
+    t0 = time.perf_counter()
+    recipe, outcome = search_spec(spec, opts, workdir / "autotune.json")
+    wall = time.perf_counter() - t0
+    return recipe, outcome, {"wall_s": wall, "started_epoch_s": started_wall, "budget_s": budget}
+
+
+def reduced_space(max_workers: int, *, has_train_step: bool = False) -> Any:
+    """The oracle's grid: workers 0..max_workers x persistent x prefetch {2, 4} x every cache backend x
+    allocator {glibc, glibc-tuned}; fork workers with one thread (main threads 1..CPUs with a train_step)."""
+    from autotune.cpus import usable_cpus
+    from autotune.space import Space
+
+    cpus = usable_cpus()
+    return Space(max_workers=max_workers, contexts=("fork",), prefetch_factors=(2, 4), worker_threads=(1,),
+                 main_threads=tuple(range(1, cpus + 1)) if has_train_step and cpus > 1 else (),
+                 caches=(None, "memory", "pickle", "hdf5", "lmdb"), allocators=("glibc", "glibc-tuned"))
+
+
+def workload_for(spec: Any, outcome: Any) -> Any:
+    from autotune.measure import Workload
+
+    return Workload(dataset=spec.dataset, batch_size=spec.batch_size, epochs=spec.epochs,
+                    collate_fn=spec.collate_fn, transform=spec.transform, train_step=spec.train_step,
+                    fingerprint=outcome.probe.fingerprint)
+
+
+def evaluate_points(spec: Any, outcome: Any, configs: list[Any], log: Callable[[str], None] | None = None,
+                    label: str = "grid") -> list[dict]:
+    """Measure each Config with ``Runner.run`` on the search's own plan (the measurement autotune uses)."""
+    from autotune.memory import default_budget
+    from autotune.runner import Runner, TrialFailed
+
+    runner = Runner(workload_for(spec, outcome), spec.sys_path, memory_limit=default_budget())
+    plan = outcome.plan
+    out = []
+    for i, config in enumerate(configs):
+        t0 = time.perf_counter()
+        entry: dict[str, Any] = {"config": config.to_dict(), "describe": config.describe()}
+        try:
+            result = runner.run(config, plan, timeout=plan.batch_timeout)
+            entry["value"] = result["prediction"]["total_seconds"]
+            entry["prediction"] = result["prediction"]
+        except TrialFailed as exc:
+            entry["failed"] = str(exc)
+        entry["duration_s"] = time.perf_counter() - t0
+        out.append(entry)
+        if log:
+            figure = f"{entry['value']:.2f} s" if "value" in entry else entry["failed"]
+            log(f"{label} {i + 1}/{len(configs)}: {config.describe()} -> {figure} ({entry['duration_s']:.1f} s)")
+    return out
+
+
+def grid_points(space: Any, quick: bool) -> list[Any]:
+    """Every point of ``space``; in --quick mode the first and the last (a smoke test, not an oracle)."""
+    points = space.grid()
+    if quick:
+        points = [points[0], points[-1]]
+    return points
+
+
+def best_point(evaluated: list[dict]) -> dict | None:
+    done = [e for e in evaluated if "value" in e]
+    return min(done, key=lambda e: e["value"]) if done else None
+
+
+def study_trials(outcome: Any) -> list[dict]:
+    """The search's trials, in order: state, value, start/complete times (epoch seconds), duration, config."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=outcome.study["name"], storage=outcome.study["storage"])
+    rows = []
+    for t in study.trials:
+        rows.append({
+            "number": t.number, "state": t.state.name, "value": t.value,
+            "start": t.datetime_start.timestamp() if t.datetime_start else None,
+            "complete": t.datetime_complete.timestamp() if t.datetime_complete else None,
+            "duration_s": t.duration.total_seconds() if t.duration else None,
+            "repeat": bool(t.user_attrs.get("repeat")), "config": t.user_attrs.get("config"),
+        })
+    return rows
