@@ -21,6 +21,7 @@ class Limits:
     max_workers: int | None = None
     caches: tuple[str, ...] | None = None  # the user's --caches; None means every backend
     allocators: tuple[str, ...] | None = None
+    stateful: bool = False  # per-epoch state that persistent workers would freeze
     notes: list[str] = field(default_factory=list)
 
 
@@ -70,16 +71,20 @@ def allocator_choices(limits: Limits) -> tuple[str, ...]:
     return tuple(out) or ("glibc",)
 
 
-def build_space(probe: Probe, limits: Limits, *, has_train_step: bool) -> Space:
+def build_space(probe: Probe, limits: Limits) -> Space:
     cpus = max(1, limits.usable_cpus)
     max_workers = limits.max_workers if limits.max_workers is not None else cpus
     threads = tuple(range(1, cpus + 1))
+    # The main process's intra-op threads matter with or without a train_step: decode and collate run
+    # there with num_workers=0, and its OpenMP threads compete with the workers for the same cores.
+    main_threads = (None, *threads) if cpus > 1 else ()
     return Space(
         max_workers=max_workers,
         contexts=start_methods(),
         cuda=torch.cuda.is_available(),
         worker_threads=threads,
-        main_threads=threads if has_train_step else (),
+        main_threads=main_threads,
+        persistent=(False,) if limits.stateful else (False, True),
         caches=cache_choices(probe, limits),
         allocators=allocator_choices(limits),
     )

@@ -404,3 +404,40 @@ def fits_page_cache(total_bytes: int, *, available: int | None = None, reserve: 
     if reserve is None:
         reserve = max(1 << 30, vm.total // 5)
     return total_bytes <= available - reserve
+
+
+@dataclass(frozen=True)
+class SourceFiles:
+    """The files a measured subset reads, how they were found, and what the whole dataset's weigh."""
+
+    files: tuple[str, ...]
+    how: str
+    total_bytes: int  # estimated for the whole dataset
+
+    @property
+    def cold_every_epoch(self) -> bool:
+        """Data larger than the page cache is read from storage every epoch, not only the first."""
+        return bool(self.files) and not fits_page_cache(self.total_bytes)
+
+
+def source_files(dataset: Any, indices: list[int], length: int, data_dir: str | os.PathLike | None = None
+                 ) -> SourceFiles:
+    """What to evict before a cold measurement of ``indices``: ``--data-dir``'s files, else those
+    ``dataset[i]`` opens; with the whole dataset's size scaled from the subset's."""
+    if data_dir is not None:
+        files = files_under(data_dir)
+        return SourceFiles(tuple(sorted(files)), "--data-dir", _size(files))
+    files, how = dataset_files(dataset, indices)
+    size = _size(files)
+    total = size if how == "shared" else int(size * length / max(1, len(indices)))
+    return SourceFiles(tuple(sorted(files)), how, total)
+
+
+def _size(files: Iterable[str]) -> int:
+    total = 0
+    for path in files:
+        try:
+            total += os.path.getsize(path)
+        except OSError:
+            continue
+    return total

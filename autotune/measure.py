@@ -46,6 +46,10 @@ class Plan:
     batch_timeout: float = 120.0
     cache_root: str | None = None
     build_workers: int = 0  # processes decoding in parallel while a cache is built
+    # Source files evicted from the page cache before the first epoch (and every epoch when the data
+    # cannot stay cached), so the first epoch is measured cold, as the user's first epoch will be.
+    files: tuple[str, ...] = ()
+    cold_every_epoch: bool = False
     sample_memory: bool = True
 
 
@@ -79,6 +83,14 @@ def _source(workload: Workload, config: Config, plan: Plan) -> tuple[Any, float,
 
 class TrialStopped(Exception):
     """The search asked this trial to stop (pruned): unwind normally so the workers shut down cleanly."""
+
+
+def _evict(plan: Plan) -> dict | None:
+    if not plan.files:
+        return None
+    from autotune.evict import evict
+
+    return evict(plan.files).to_dict()
 
 
 def _epoch(loader: Any, consume: Callable, sample_memory: bool, on_batch: Callable[[int, float, float], None],
@@ -119,6 +131,7 @@ def measure(workload: Workload, config: Config, plan: Plan, report: Report | Non
     Process settings (allocator, thread counts) are applied to this process: call it in a fresh one.
     """
     applied = apply_at_runtime(config.process_settings())
+    evictions = [_evict(plan)]  # before the cache build too: it reads the source files
     dataset, build_seconds, collate_fn = _source(workload, config, plan)
     generator = torch.Generator().manual_seed(plan.seed)
     loader = make_loader(
@@ -152,6 +165,8 @@ def measure(workload: Workload, config: Config, plan: Plan, report: Report | Non
         return on_batch
 
     for epoch in range(plan.epochs_measured):
+        if epoch and plan.cold_every_epoch:
+            evictions.append(_evict(plan))
         timing, memory = _epoch(loader, consume, plan.sample_memory, progress(epoch), should_stop)
         timings.append(timing)
         peak = max(peak, memory)
@@ -166,6 +181,7 @@ def measure(workload: Workload, config: Config, plan: Plan, report: Report | Non
         "build_seconds_subset": build_seconds,
         "measured_samples": n,
         "peak_memory_bytes": peak,
+        "eviction": evictions[0],
         "process_applied": applied.applied,
         "process_not_applied": applied.not_applied,
     }

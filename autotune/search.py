@@ -15,14 +15,13 @@ from typing import Any
 
 import optuna
 
-from autotune import hardware
-from autotune.candidates import Limits, build_space, disk_free
-from autotune.cpus import usable_cpus
 from autotune.errors import AutotuneError
-from autotune.measure import Plan, Workload
-from autotune.memory import default_budget
-from autotune.probe import Probe, probe_dataset, probe_indices
+from autotune.measure import Plan
+from autotune.memory import format_bytes
+from autotune.preparation import prepare
+from autotune.probe import Probe
 from autotune.runner import Runner, TrialFailed, TrialPruned
+from autotune.shm import shm_rule
 from autotune.space import Config, Space
 from autotune.userfile import UserSpec
 
@@ -45,6 +44,7 @@ class SearchOptions:
     progress: bool = True
     trial_seconds: float | None = None  # target time of one default trial; derived from the budget
     trial_timeout: float | None = None  # a trial still running after this is killed; derived by default
+    data_dir: str | None = None  # the files to evict for cold reads, when dataset[i] does not reveal them
 
 
 @dataclass
@@ -84,21 +84,6 @@ class HopelessPruner(optuna.pruners.BasePruner):
             return False
         done = [t.value for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
         return bool(done) and trial.intermediate_values[step] > self.factors.get(step, 1.5) * min(done)
-
-
-def make_plan(spec: UserSpec, probe: Probe, opts: SearchOptions, seconds: float, build_workers: int = 0) -> Plan:
-    """Choose the subset a trial measures: about ``seconds`` of default loading, whole batches."""
-    per_sample = max(probe.sample_seconds, 1e-6)
-    wanted = int(seconds / per_sample)
-    floor = min(probe.length, 4 * spec.batch_size)
-    count = max(floor, min(probe.length, wanted))
-    if count < probe.length:
-        count = max(spec.batch_size, count // spec.batch_size * spec.batch_size)
-    indices = list(range(probe.length)) if count >= probe.length else probe_indices(probe.length, count, opts.seed)
-    cache_root = str(opts.workdir / "cache" / "trials")
-    timeout = opts.trial_timeout or max(60.0, 20 * seconds)
-    return Plan(indices=indices, length=probe.length, seed=opts.seed, batch_timeout=timeout, cache_root=cache_root,
-                build_workers=build_workers)
 
 
 def _study_name(probe: Probe, hw: dict, spec: UserSpec, space: Space, plan: Plan) -> str:
@@ -144,23 +129,11 @@ class _Progress:
 def search(spec: UserSpec, opts: SearchOptions) -> Outcome:
     started = time.monotonic()
     deadline = started + opts.budget
-    hw = hardware.collect(ranks_per_node=opts.ranks_per_node)
-    probe = probe_dataset(spec, seed=opts.seed)
-    limits = Limits(
-        usable_cpus=usable_cpus(opts.ranks_per_node),
-        memory_budget=opts.max_memory or default_budget(),
-        disk_free=disk_free(opts.workdir),
-        max_workers=opts.max_workers,
-        caches=opts.caches,
-        allocators=opts.allocators,
-    )
-    space = build_space(probe, limits, has_train_step=spec.train_step is not None)
-    trial_seconds = opts.trial_seconds or min(10.0, max(1.0, opts.budget / 40))
-    plan = make_plan(spec, probe, opts, trial_seconds, build_workers=limits.usable_cpus if limits.usable_cpus > 1 else 0)
-    workload = Workload(dataset=spec.dataset, batch_size=spec.batch_size, epochs=spec.epochs,
-                        collate_fn=spec.collate_fn, transform=spec.transform, train_step=spec.train_step,
-                        fingerprint=probe.fingerprint)
-    runner = Runner(workload, spec.sys_path, memory_limit=limits.memory_budget)
+    setup = prepare(spec, opts)
+    hw, probe, limits, space, plan = setup.hardware, setup.probe, setup.limits, setup.space, setup.plan
+    trial_seconds = setup.trial_seconds
+    runner = Runner(setup.workload, spec.sys_path, memory_limit=limits.memory_budget)
+    shm_limited: list[str] = []
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -205,6 +178,12 @@ def search(spec: UserSpec, opts: SearchOptions) -> Outcome:
                 study.tell(trial, earlier)
                 continue
             repeats = 0
+            reason = shm_rule(config.num_workers, config.prefetch_factor, setup.batch_bytes, setup.shm_free)
+            if reason is not None:
+                shm_limited.append(config.describe())
+                trial.set_user_attr("reason", reason)
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
             t0 = time.monotonic()
 
             def should_prune(step: int, value: float, trial: optuna.Trial = trial) -> bool:
@@ -231,6 +210,12 @@ def search(spec: UserSpec, opts: SearchOptions) -> Outcome:
                 study.tell(trial, result["prediction"]["total_seconds"])
             durations.append(time.monotonic() - t0)
             progress.update(_status(study))
+        if shm_limited:
+            limits.notes.append(
+                f"/dev/shm limits this machine: {len(shm_limited)} candidate(s) ruled out, e.g. "
+                f"{shm_limited[0]} ({format_bytes(setup.batch_bytes)} batches, "
+                f"{format_bytes(setup.shm_free or 0)} of /dev/shm free)"
+            )
         return _finish(study, space, runner, plan, probe, hw, limits, opts, started, progress, spec)
     finally:
         progress.close()

@@ -97,7 +97,8 @@ class Space:
     cuda: bool = False
     prefetch_factors: tuple[int, ...] = PREFETCH_FACTORS
     worker_threads: tuple[int, ...] = (1,)
-    main_threads: tuple[int, ...] = ()
+    main_threads: tuple[int | None, ...] = ()  # None: leave torch's own count
+    persistent: tuple[bool, ...] = (False, True)
     caches: tuple[str | None, ...] = (None,)
     allocators: tuple[str, ...] = ("glibc",)
 
@@ -107,7 +108,8 @@ class Space:
         kwargs: dict[str, Any] = {"num_workers": workers}
         if workers:
             kwargs["prefetch_factor"] = trial.suggest_categorical("prefetch_factor", list(self.prefetch_factors))
-            kwargs["persistent_workers"] = trial.suggest_categorical("persistent_workers", [False, True])
+            kwargs["persistent_workers"] = (trial.suggest_categorical("persistent_workers", list(self.persistent))
+                                            if len(self.persistent) > 1 else self.persistent[0])
             context = trial.suggest_categorical("multiprocessing_context", list(self.contexts))
             kwargs["multiprocessing_context"] = context
             threads = [t for t in self.worker_threads if context != "fork" or t == 1]
@@ -130,7 +132,8 @@ class Space:
         params: dict[str, Any] = {"num_workers": config.num_workers}
         if config.num_workers:
             params["prefetch_factor"] = config.prefetch_factor or 2
-            params["persistent_workers"] = config.persistent_workers
+            if len(self.persistent) > 1:
+                params["persistent_workers"] = config.persistent_workers
             context = config.multiprocessing_context or self.contexts[0]
             params["multiprocessing_context"] = context
             if len([t for t in self.worker_threads if context != "fork" or t == 1]) > 1:
@@ -138,7 +141,7 @@ class Space:
         if self.cuda:
             params["pin_memory"] = config.pin_memory
         if len(self.main_threads) > 1:
-            params["main_threads"] = config.main_threads or max(self.main_threads)
+            params["main_threads"] = config.main_threads
         if len(self.caches) > 1:
             params["cache"] = config.cache or "none"
         if len(self.allocators) > 1:
@@ -146,9 +149,8 @@ class Space:
         return params
 
     def default(self) -> Config:
-        """The plain default every recipe is checked against: no workers, no cache."""
-        main = max(self.main_threads) if len(self.main_threads) > 1 else None
-        return replace(DEFAULT, main_threads=main)
+        """The plain default every recipe is checked against: no workers, no cache, torch's threads."""
+        return DEFAULT
 
     def grid(self) -> list[Config]:
         """Every valid point of the space (the exhaustive oracle of the benchmarks)."""
@@ -159,7 +161,7 @@ class Space:
             base = dict(cache=cache, allocator=alloc, main_threads=main, pin_memory=pin)
             points.append(Config(**base))
             for workers, prefetch, persistent, context in itertools.product(
-                range(1, self.max_workers + 1), self.prefetch_factors, (False, True), self.contexts
+                range(1, self.max_workers + 1), self.prefetch_factors, self.persistent, self.contexts
             ):
                 for threads in [t for t in self.worker_threads if context != "fork" or t == 1]:
                     points.append(

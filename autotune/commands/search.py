@@ -45,6 +45,8 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-memory", help="memory budget for a candidate, e.g. 8G (default 70%% of available)")
     p.add_argument("--max-workers", type=int, help="upper bound of num_workers (default: usable CPUs)")
     p.add_argument("--ranks-per-node", type=int, default=1, help="training processes sharing this machine")
+    p.add_argument("--data-dir", help="folder of the dataset's files, evicted for cold reads (default: the files "
+                   "dataset[i] opens)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -53,6 +55,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("search", help="tune the DataLoader for a dataset file and write the recipe")
     add_search_arguments(p)
     p.add_argument("--output", "-o", default="autotune.json", help="recipe file (default autotune.json)")
+    p.add_argument("--validate", action="store_true",
+                   help="then run the recipe for real (a cold and a warm epoch) and print predicted vs measured")
     p.set_defaults(func=run)
 
 
@@ -75,6 +79,7 @@ def options_from(args: argparse.Namespace):
         max_workers=args.max_workers,
         ranks_per_node=args.ranks_per_node,
         progress=not args.no_progress,
+        data_dir=args.data_dir,
     )
 
 
@@ -120,4 +125,23 @@ def run(args: argparse.Namespace) -> int:
     spec = load_user_file(args.target, batch_size=args.batch_size, epochs=args.epochs)
     recipe, outcome = search_spec(spec, opts, args.output)
     print(summary(recipe, outcome, args.output))
+    if args.validate:
+        print(validate_recipe(recipe, spec, outcome, args))
     return 0
+
+
+def validate_recipe(recipe, spec, outcome, args) -> str:
+    """Run the recipe for real and store predicted against measured in the recipe file."""
+    from autotune.commands.validate import summary as validation_summary
+    from autotune.evict import files_under
+    from autotune.validate import store, validate
+
+    subset = recipe.profile.measured["subset"]
+    # A dataset too large to read whole during a search is validated on as many batches as a trial read.
+    max_batches = max(2, subset["measured"] // spec.batch_size) if subset["extrapolated"] else None
+    result = validate(recipe, spec.dataset, transform=spec.transform, train_step=spec.train_step,
+                      collate_fn=spec.collate_fn, batch_size=spec.batch_size,
+                      evict_paths=files_under(args.data_dir) if args.data_dir else None, max_batches=max_batches)
+    if args.output:
+        store(args.output, result)
+    return validation_summary(result, args.output, bool(args.output))
