@@ -75,3 +75,17 @@ class Megabytes(Dataset):
 
     def __getitem__(self, i: int):
         return torch.full((1 << 18,), float(i))
+
+
+class WithEpochs(Numbers):
+    """Keeps per-epoch state the training loop sets: persistent workers would never see it."""
+
+    epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+
+class FourMegabyteBatches(Numbers):
+    def __getitem__(self, i: int):
+        return torch.full((1 << 17,), float(i)), i  # 512 KiB samples: 4 MiB batches of 8
