@@ -93,9 +93,11 @@ def _evict(plan: Plan) -> dict | None:
     return evict(plan.files).to_dict()
 
 
-def _epoch(loader: Any, consume: Callable, sample_memory: bool, on_batch: Callable[[int, float, float], None],
-           should_stop: Callable[[], bool] | None = None) -> tuple[EpochTiming, int]:
-    """Time one epoch; returns its timing and the memory read at its end (0 when not sampled)."""
+def timed_epoch(loader: Any, consume: Callable, *, sample_memory: bool = False,
+                on_batch: Callable[[int, float, float], None] | None = None,
+                should_stop: Callable[[], bool] | None = None) -> tuple[EpochTiming, int]:
+    """Time one epoch under the consumer; returns its timing and the memory read at its end (0 when not
+    sampled). ``on_batch(count, elapsed, first_batch)`` sees progress; ``should_stop`` can end it early."""
     expected = len(loader)
     start = time.perf_counter()
     iterator = iter(loader)
@@ -108,7 +110,8 @@ def _epoch(loader: Any, consume: Callable, sample_memory: bool, on_batch: Callab
         now = time.perf_counter()
         if first is None:
             first = now - start
-        on_batch(count, now - start, first)
+        if on_batch is not None:
+            on_batch(count, now - start, first)
         if should_stop is not None and should_stop():
             raise TrialStopped
         if count == expected:
@@ -167,7 +170,8 @@ def measure(workload: Workload, config: Config, plan: Plan, report: Report | Non
     for epoch in range(plan.epochs_measured):
         if epoch and plan.cold_every_epoch:
             evictions.append(_evict(plan))
-        timing, memory = _epoch(loader, consume, plan.sample_memory, progress(epoch), should_stop)
+        timing, memory = timed_epoch(loader, consume, sample_memory=plan.sample_memory, on_batch=progress(epoch),
+                                     should_stop=should_stop)
         timings.append(timing)
         peak = max(peak, memory)
     del loader

@@ -26,6 +26,7 @@ from torch.utils.data import Sampler
 
 from autotune import evict as _evict
 from autotune.errors import AutotuneError, RecipeError
+from autotune.measure import timed_epoch
 from autotune.predict import EpochTiming, batches_in, scale_epoch
 
 __all__ = ["Validation", "error_percent", "store", "validate"]
@@ -92,16 +93,7 @@ class Validation:
 
 
 def _timed_epoch(loader: Any, consume: Callable[[Any], Any]) -> EpochTiming:
-    start = time.perf_counter()
-    first = None
-    count = 0
-    for batch in loader:
-        consume(batch)
-        count += 1
-        if first is None:
-            first = time.perf_counter() - start
-    elapsed = time.perf_counter() - start
-    return EpochTiming(seconds=elapsed, first_batch=first if first is not None else elapsed, batches=max(count, 1))
+    return timed_epoch(loader, consume)[0]
 
 
 def _cache_files(profile: Any) -> set[str]:

@@ -1,24 +1,8 @@
-"""CachedDataset: the cache, then the user's ``transform`` on every access."""
+"""CachedDataset: the cache, then the user's ``transform`` on every access (random augmentation stays random).
 
-from __future__ import annotations
+It is the same wrapper the loader puts around any source, under the name cache users look for.
+"""
 
-from typing import Any, Callable
+from autotune.loader import Transformed as CachedDataset
 
-import torch
-
-from autotune.caches._base import Cache
-
-
-class CachedDataset(torch.utils.data.Dataset):
-    """``transform(source[i])``: the cache gives the exact sample, the transform runs every epoch
-    (so random augmentation stays random)."""
-
-    def __init__(self, source: Cache, transform: Callable[[Any], Any] | None = None):
-        self.source, self.transform = source, transform
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def __getitem__(self, i: int) -> Any:
-        sample = self.source[i]
-        return sample if self.transform is None else self.transform(sample)
+__all__ = ["CachedDataset"]
