@@ -30,7 +30,7 @@ epochs = 2
 def test_search_show_check(tmp_path, monkeypatch, capsys):
     (tmp_path / "ramp_cli.py").write_text(textwrap.dedent(DATASET))
     monkeypatch.chdir(tmp_path)
-    code = main(["search", "ramp_cli.py", "--budget", "12s", "--caches", "none", "--no-progress"])
+    code = main(["search", "ramp_cli.py", "--budget", "12s", "--caches", "none", "--no-progress", "--validate"])
     out = capsys.readouterr().out
     assert code == 0
     assert "Best DataLoader settings" in out
@@ -40,6 +40,11 @@ def test_search_show_check(tmp_path, monkeypatch, capsys):
     (profile,) = data["profiles"].values()
     assert profile["dataset"]["source"] == "ramp_cli.py:dataset"
     assert profile["settings"] == {"batch_size": 8, "epochs": 2}
+    # --validate ran the recipe for real and stored predicted against measured.
+    assert "first epoch (cold)" in out and "later epoch (warm)" in out
+    validation = profile["measured"]["validation"]
+    assert validation["predicted_epoch_seconds"] == profile["measured"]["epoch_seconds"]
+    assert validation["measured_epoch_seconds"] > 0
 
     assert main(["show", "autotune.json"]) == 0
     shown = capsys.readouterr().out
