@@ -135,3 +135,15 @@ def test_matching_recipe_does_not_warn(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert autotune.load(path).matches_this_machine
+
+
+@pytest.mark.timeout(240)
+def test_on_mismatch_search_tunes_here_and_keeps_the_other_profile(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    other = dict(hardware.collect(), cpu_model="Some Other CPU", usable_cpus=64)
+    path = write_recipe(tmp_path / "autotune.json", hw=other)
+    recipe = autotune.load(path, on_mismatch="search", dataset=Numbers(16), budget="6s")
+    assert recipe.matches_this_machine
+    profiles = RecipeFile.read(path).profiles
+    assert set(profiles) == {hardware.fingerprint(other), hardware.collect()["fingerprint"]}
+    assert profiles[hardware.collect()["fingerprint"]].settings == {"batch_size": 8, "epochs": 2}
