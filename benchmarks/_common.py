@@ -450,3 +450,16 @@ def study_trials(outcome: Any) -> list[dict]:
             "repeat": bool(t.user_attrs.get("repeat")), "config": t.user_attrs.get("config"),
         })
     return rows
+
+
+class SleepConsumer:
+    """An accelerator's step emulated as a fixed compute time per batch (the MLPerf Storage method).
+
+    Defined here, at module level, so it pickles into autotune's trial processes as a ``train_step``.
+    """
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __call__(self, batch: Any) -> None:
+        time.sleep(self.seconds)

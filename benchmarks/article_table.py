@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 NAME = "article_table"
+STATE = "search_state.pkl"  # in --workdir: what search_cost.py --reuse needs
 BATCH = 64
 EPOCHS = 3
 ROWS = {
@@ -205,6 +206,10 @@ def search_and_grid(args, work: Path) -> dict:
     from autotune.space import Config
 
     best_config = Config.from_dict(best["config"])
+    with open(work / STATE, "wb") as f:  # for search_cost.py --reuse: the same plan, probe and grid
+        pickle.dump({"images": args.images, "budget": args.budget, "plan": outcome.plan, "probe": outcome.probe,
+                     "search": timing, "trial_log": C.study_trials(outcome), "grid": grid,
+                     "grid_space": repr(space)}, f)
     oracle_profile = C.profile_for(best_config, batch_size=BATCH, epochs=EPOCHS, source=spec.source,
                                    cache_root=work / "oracle-cache")
     return {
