@@ -45,6 +45,7 @@ class SearchOptions:
     trial_seconds: float | None = None  # target time of one default trial; derived from the budget
     trial_timeout: float | None = None  # a trial still running after this is killed; derived by default
     data_dir: str | None = None  # the files to evict for cold reads, when dataset[i] does not reveal them
+    sampler: Any = None  # an Optuna sampler instead of the seeded TPE (the benchmarks compare RandomSampler)
 
 
 @dataclass
@@ -142,8 +143,8 @@ def search(spec: UserSpec, opts: SearchOptions) -> Outcome:
         storage=_storage_url(opts),
         load_if_exists=True,
         direction="minimize",
-        sampler=optuna.samplers.TPESampler(seed=opts.seed, multivariate=True, group=True,
-                                           n_startup_trials=6, constant_liar=True),
+        sampler=opts.sampler or optuna.samplers.TPESampler(seed=opts.seed, multivariate=True, group=True,
+                                                           n_startup_trials=6, constant_liar=True),
         pruner=HopelessPruner(),
     )
     _fail_interrupted(study)
