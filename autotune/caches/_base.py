@@ -38,9 +38,10 @@ def _identity(x: Any) -> Any:
 
 
 class _Indexed(torch.utils.data.Dataset):
-    """Position k -> ``dataset[indices[k]]`` pickled with protocol 5: the reader a parallel build
-    iterates. The worker queue pickles with protocol 4, which turns big-endian numpy arrays
-    little-endian; sending protocol-5 bytes keeps every sample exact."""
+    """Position k -> ``dataset[indices[k]]`` pickled with protocol 5, as a uint8 tensor: the reader a
+    parallel build iterates. The worker queue pickles with protocol 4, which turns big-endian numpy
+    arrays little-endian; protocol-5 bytes keep every sample exact. As a tensor they cross to the main
+    process through shared memory instead of the queue's pipe, which is several times faster."""
 
     def __init__(self, dataset: Any, indices: Sequence[int]):
         self.dataset, self.indices = dataset, indices
@@ -48,8 +49,8 @@ class _Indexed(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, k: int) -> bytes:
-        return pickle.dumps(self.dataset[self.indices[k]], protocol=5)
+    def __getitem__(self, k: int) -> torch.Tensor:
+        return torch.frombuffer(bytearray(pickle.dumps(self.dataset[self.indices[k]], protocol=5)), dtype=torch.uint8)
 
 
 def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progress: bool = True,
@@ -66,7 +67,7 @@ def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progr
             it = iter(loader)
             try:
                 for wire in it:
-                    yield pickle.loads(wire)
+                    yield pickle.loads(wire.numpy())
                     bar.update(1)
             finally:
                 it._shutdown_workers()  # an interrupted build leaves no worker behind
