@@ -38,10 +38,10 @@ def _identity(x: Any) -> Any:
 
 
 class _Indexed(torch.utils.data.Dataset):
-    """Position k -> ``dataset[indices[k]]`` pickled with protocol 5, as a uint8 tensor: the reader a
-    parallel build iterates. The worker queue pickles with protocol 4, which turns big-endian numpy
-    arrays little-endian; protocol-5 bytes keep every sample exact. As a tensor they cross to the main
-    process through shared memory instead of the queue's pipe, which is several times faster."""
+    """Positions -> ``dataset[indices[k]]`` pickled with protocol 5, a chunk of them in one uint8 tensor:
+    the reader a parallel build iterates. The worker queue pickles with protocol 4, which turns
+    big-endian numpy arrays little-endian; protocol-5 bytes keep every sample exact. One tensor per
+    chunk crosses to the main process through shared memory, not the queue's pipe, and once per chunk."""
 
     def __init__(self, dataset: Any, indices: Sequence[int]):
         self.dataset, self.indices = dataset, indices
@@ -49,8 +49,15 @@ class _Indexed(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, k: int) -> torch.Tensor:
-        return torch.frombuffer(bytearray(pickle.dumps(self.dataset[self.indices[k]], protocol=5)), dtype=torch.uint8)
+    def __getitem__(self, k: int) -> bytes:
+        return pickle.dumps(self.dataset[self.indices[k]], protocol=5)
+
+    def __getitems__(self, positions: list[int]) -> tuple[torch.Tensor, list[int]]:
+        wires = [self[k] for k in positions]
+        return torch.frombuffer(bytearray(b"".join(wires)), dtype=torch.uint8), [len(w) for w in wires]
+
+
+_CHUNK = 16
 
 
 def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progress: bool = True,
@@ -61,14 +68,18 @@ def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progr
     with tqdm(total=len(indices), desc=desc, unit="sample", disable=not progress, leave=False) as bar:
         if workers > 0:
             loader = torch.utils.data.DataLoader(
-                _Indexed(dataset, indices), batch_size=None, shuffle=False, num_workers=workers,
-                collate_fn=_identity,  # the default would turn numpy arrays into tensors
+                _Indexed(dataset, indices), batch_size=_CHUNK, shuffle=False, num_workers=workers,
+                collate_fn=_identity,  # the chunk is already one tensor and its lengths
             )
             it = iter(loader)
             try:
-                for wire in it:
-                    yield pickle.loads(wire.numpy())
-                    bar.update(1)
+                for wire, lengths in it:
+                    view = memoryview(wire.numpy())
+                    start = 0
+                    for length in lengths:
+                        yield pickle.loads(view[start:start + length])
+                        start += length
+                        bar.update(1)
             finally:
                 it._shutdown_workers()  # an interrupted build leaves no worker behind
         else:
