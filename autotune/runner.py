@@ -70,7 +70,14 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict, plan: Plan,
-                fork_fallback: bool) -> None:
+                fork_fallback: bool, log_path: str | None = None) -> None:
+    if log_path:
+        # The trial's and its workers' prints (torch's worker errors, C++ aborts) go to its log, not
+        # the user's terminal; file descriptors, so output from native code follows too.
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
     global _TRIAL_PID
     _TRIAL_PID = os.getpid()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -156,8 +163,14 @@ class Runner:
             self.fork_fallback = True
 
     def run(self, config: Config, plan: Plan, *, timeout: float,
-            should_prune: Callable[[int, float], bool] | None = None) -> dict:
-        """Measure ``config`` in a fresh process; raise TrialFailed or TrialPruned when it does not finish."""
+            should_prune: Callable[[int, float], bool] | None = None, give_up_after: float | None = None,
+            log_path: str | None = None) -> dict:
+        """Measure ``config`` in a fresh process; raise TrialFailed or TrialPruned when it does not finish.
+
+        ``give_up_after``: seconds after which the trial is pruned, whatever it reported (a cache build
+        that alone takes longer than the best candidate's whole subset run). ``log_path``: where the
+        trial's and its workers' output goes, instead of the user's terminal.
+        """
         ctx, env = self._context_for(config)
         trial_dir = None
         if plan.cache_root:
@@ -167,13 +180,16 @@ class Runner:
         receiver, sender = ctx.Pipe(duplex=True)
         proc = ctx.Process(
             target=_trial_main,
-            args=(sender, self.blob, self.sys_path, config.to_dict(), plan, self.fork_fallback),
+            args=(sender, self.blob, self.sys_path, config.to_dict(), plan, self.fork_fallback, log_path),
             name="autotune-trial",
         )
         with _environment(env):
             proc.start()
         sender.close()
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
+        if give_up_after is not None and env is not None:
+            give_up_after += 5.0  # a spawned interpreter's start-up is not part of the measured figure
         next_memory_check = 0.0
         try:
             while True:
@@ -195,6 +211,10 @@ class Runner:
                         raise TrialPruned(f"pruned at step {message[1]}: predicted {message[2]:.2f} s")
                     continue
                 now = time.monotonic()
+                if give_up_after is not None and now - started > give_up_after:
+                    receiver.send("stop")
+                    raise TrialPruned(f"pruned: still running after {now - started:.1f} s, more than the best "
+                                      "candidate needs for its whole run on this subset")
                 if now > deadline:
                     raise TrialFailed(f"timed out after {timeout:.0f} s (a hung worker or a very slow candidate)")
                 if self.memory_limit and now >= next_memory_check:

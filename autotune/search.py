@@ -104,6 +104,10 @@ def _key(config: Config) -> str:
     return json.dumps(config.to_dict(), sort_keys=True)
 
 
+def _key_digest(config: Config) -> str:
+    return hashlib.sha256(_key(config).encode()).hexdigest()[:8]
+
+
 class _Progress:
     """A progress bar over the time budget (stderr), quiet when progress is off."""
 
@@ -135,6 +139,8 @@ def search(spec: UserSpec, opts: SearchOptions) -> Outcome:
     trial_seconds = setup.trial_seconds
     runner = Runner(setup.workload, spec.sys_path, memory_limit=limits.memory_budget)
     shm_limited: list[str] = []
+    log_dir = Path(opts.workdir) / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -192,8 +198,15 @@ def search(spec: UserSpec, opts: SearchOptions) -> Outcome:
                 return trial.should_prune()
 
             remaining = max(5.0, deadline - time.monotonic())
+            best = _best_value(study)
+            # Everything a trial does scales with the subset, so a trial still running after the best
+            # whole-run figure scaled down to the subset (with a margin) cannot win.
+            give_up = None if best is None else 1.5 * best * len(plan.indices) / plan.length + 2.0
+            log_path = str(log_dir / f"trial-{trial.number}.log")
+            trial.set_user_attr("log", log_path)
             try:
-                result = runner.run(config, plan, timeout=min(timeout, remaining), should_prune=should_prune)
+                result = runner.run(config, plan, timeout=min(timeout, remaining), should_prune=should_prune,
+                                    give_up_after=give_up, log_path=log_path)
             except TrialPruned as exc:
                 trial.set_user_attr("reason", str(exc))
                 study.tell(trial, state=optuna.trial.TrialState.PRUNED)
@@ -257,6 +270,11 @@ def _completed_value(study: optuna.Study, key: str, number: int) -> float | None
         if t.number != number and t.user_attrs.get("config_key") == key:
             return t.value
     return None
+
+
+def _best_value(study: optuna.Study) -> float | None:
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    return min((t.value for t in done), default=None)
 
 
 def _status(study: optuna.Study) -> str:
