@@ -90,6 +90,7 @@ def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict
 
             torch.set_num_threads(1)  # the parent may have used OpenMP, which is not fork-safe
         workload = _INHERITED if blob is None else pickle.loads(blob)
+        conn.send(("ready",))  # the give-up clock starts here, not while the dataset is unpickled
         result = measure(workload, Config.from_dict(config), plan,
                          report=lambda step, value: conn.send(("progress", step, value)),
                          should_stop=conn.poll)  # the only message the search sends is "stop"
@@ -200,6 +201,9 @@ class Runner:
                         proc.join(5)
                         raise TrialFailed(_death_reason(proc.exitcode)) from None
                     kind = message[0]
+                    if kind == "ready":
+                        started = time.monotonic()
+                        continue
                     if kind == "result":
                         proc.join(10)  # let it shut its workers down cleanly
                         return message[1]
