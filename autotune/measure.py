@@ -18,7 +18,7 @@ import torch
 from autotune.loader import DeviceConsumer, Transformed, make_loader
 from autotune.memory import tree_pss
 from autotune.process import apply_at_runtime
-from autotune.predict import EpochTiming, predict
+from autotune.predict import HEAD, EpochTiming, predict
 from autotune.space import Config
 
 
@@ -102,6 +102,7 @@ def timed_epoch(loader: Any, consume: Callable, *, sample_memory: bool = False,
     start = time.perf_counter()
     iterator = iter(loader)
     first = None
+    head = None
     count = 0
     memory = 0
     for batch in iterator:
@@ -110,6 +111,8 @@ def timed_epoch(loader: Any, consume: Callable, *, sample_memory: bool = False,
         now = time.perf_counter()
         if first is None:
             first = now - start
+        if count == HEAD:
+            head = now - start
         if on_batch is not None:
             on_batch(count, now - start, first)
         if should_stop is not None and should_stop():
@@ -124,7 +127,7 @@ def timed_epoch(loader: Any, consume: Callable, *, sample_memory: bool = False,
     else:
         elapsed = time.perf_counter() - start
     del iterator
-    return EpochTiming(seconds=elapsed, first_batch=first or elapsed, batches=max(count, 1)), memory
+    return EpochTiming(seconds=elapsed, first_batch=first or elapsed, batches=max(count, 1), head_seconds=head), memory
 
 
 def measure(workload: Workload, config: Config, plan: Plan, report: Report | None = None,
@@ -153,16 +156,19 @@ def measure(workload: Workload, config: Config, plan: Plan, report: Report | Non
 
     def progress(epoch: int) -> Callable[[int, float, float], None]:
         """Report the figure so far: step 0 a lower bound from the first batch, then running estimates."""
-        checkpoints = {max(2, len(loader) // 3): 1, len(loader): 2} if epoch == 0 else {}
+        checkpoints = {max(HEAD + 2, len(loader) // 3): 1, len(loader): 2} if epoch == 0 else {}
+        head = [0.0]
 
         def on_batch(count: int, elapsed: float, first: float) -> None:
             if report is None or epoch:
                 return
             if count == 1:
                 report(0, build_full + first * restarts)
-            elif count in checkpoints:
-                per_batch = (elapsed - first) / (count - 1)
-                epoch_s = first + per_batch * (full_batches - 1)
+            if count == HEAD:
+                head[0] = elapsed
+            elif count in checkpoints and count > HEAD:
+                per_batch = (elapsed - head[0]) / (count - HEAD)
+                epoch_s = head[0] + per_batch * (full_batches - HEAD)
                 report(checkpoints[count], build_full + epoch_s * workload.epochs)
 
         return on_batch

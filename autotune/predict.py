@@ -1,8 +1,11 @@
 """From a measured subset to the predicted wall time of the user's whole run (DESIGN §3).
 
-An epoch of ``b`` batches is modelled as start-up (iterator creation to first batch: worker start,
-first fetch) plus ``b - 1`` steady batches. A subset run gives both terms; the whole epoch keeps the
-start-up and scales the steady part. The cache build is paid once, the first epoch is the cold one.
+An epoch of ``b`` batches is modelled as a head (iterator creation to the HEAD-th batch: worker start,
+the first fetches, allocator and thread-pool warm-up) plus ``b - HEAD`` steady batches. A subset run
+gives both terms; the whole epoch keeps the head and scales the steady part. Counting two batches as
+the head, not one, keeps a slow second batch (a first large allocation, the other worker's first
+fetch) from being multiplied by the whole epoch's length. The cache build is paid once, the first
+epoch is the cold one.
 """
 
 from __future__ import annotations
@@ -11,17 +14,28 @@ import math
 from dataclasses import asdict, dataclass
 
 
+HEAD = 2
+
+
 @dataclass(frozen=True)
 class EpochTiming:
     seconds: float
     first_batch: float
     batches: int
+    head_seconds: float | None = None  # when the HEAD-th batch arrived; None: the head is the first batch
+
+    def head(self) -> tuple[float, int]:
+        """(seconds, batches) of the start-up part of this epoch."""
+        if self.head_seconds is not None and self.batches > HEAD:
+            return self.head_seconds, HEAD
+        return self.first_batch, 1
 
     @property
     def per_batch(self) -> float:
-        if self.batches <= 1:
+        head, k = self.head()
+        if self.batches <= k:
             return self.seconds
-        return (self.seconds - self.first_batch) / (self.batches - 1)
+        return (self.seconds - head) / (self.batches - k)
 
 
 def batches_in(length: int, batch_size: int, drop_last: bool = False) -> int:
@@ -32,7 +46,8 @@ def scale_epoch(timing: EpochTiming, full_batches: int) -> float:
     """Seconds for an epoch of ``full_batches`` batches, given one measured on ``timing.batches``."""
     if full_batches == timing.batches:
         return timing.seconds
-    return timing.first_batch + timing.per_batch * max(full_batches - 1, 0)
+    head, k = timing.head()
+    return head + timing.per_batch * max(full_batches - k, 0)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
     if stateful:
         limits.notes.append(stateful)
     space = build_space(probe, limits)
-    trial_seconds = opts.trial_seconds or min(10.0, max(0.5, opts.budget / 60))
+    trial_seconds = opts.trial_seconds or min(10.0, max(1.0, opts.budget / 50))
     count = subset_size(probe, spec.batch_size, trial_seconds)
     indices = list(range(probe.length)) if count >= probe.length else probe_indices(probe.length, count, opts.seed)
     sources = source_files(spec.dataset, indices, probe.length, opts.data_dir)

@@ -61,3 +61,14 @@ def test_ten_million_samples():
                 epochs=2)
     assert p.epoch_seconds == pytest.approx(0.5 + 0.1 * (625_000 - 1))
     assert p.build_seconds == pytest.approx(10_000_000 / 256)
+
+
+def test_the_head_of_an_epoch_is_its_first_two_batches_when_known():
+    # A slow second batch (a first large allocation) is start-up, not the steady rate.
+    t = EpochTiming(seconds=1.0, first_batch=0.2, batches=6, head_seconds=0.6)
+    assert t.head() == (0.6, 2)
+    assert t.per_batch == pytest.approx(0.1)
+    assert scale_epoch(t, 16) == pytest.approx(0.6 + 0.1 * 14)
+    assert scale_epoch(t, 6) == 1.0
+    two = EpochTiming(seconds=0.5, first_batch=0.2, batches=2, head_seconds=0.5)
+    assert two.head() == (0.2, 1) and two.per_batch == pytest.approx(0.3)
