@@ -180,6 +180,13 @@ def cpu_limits(
     }
 
 
+def build_workers(cpus: int | None = None) -> int:
+    """Processes that decode in parallel while a cache is built: every usable CPU, none on one CPU
+    (a single worker would only add a process hop to the main process's work)."""
+    cpus = usable_cpus() if cpus is None else cpus
+    return cpus if cpus > 1 else 0
+
+
 def usable_cpus(
     ranks_per_node: int = 1,
     *,

@@ -35,8 +35,10 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from autotune.codec import sample_nbytes
 from autotune.cpus import usable_cpus
+from autotune.duration import format_fine
 from autotune.errors import DatasetError
 from autotune.loader import move_to
+from autotune.memory import format_bytes
 from autotune.probe import probe_indices
 from autotune.userfile import UserSpec, read_sample
 from autotune.verdict import Measurements, Verdict, judge
@@ -433,20 +435,10 @@ def _clean(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _t(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds * 1e6:.0f} us"
+    return "-" if seconds is None else format_fine(seconds)
 
 
-def _b(n: float) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
+_b = format_bytes
 
 
 def _r(rate: float | None) -> str:

@@ -30,6 +30,15 @@ def parse_duration(text: str | float | int) -> float:
     return seconds
 
 
+def format_fine(seconds: float) -> str:
+    """Down to microseconds, for per-sample and per-batch costs: 2.31 s, 41.2 ms, 659 us."""
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} us"
+
+
 def format_seconds(seconds: float) -> str:
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"

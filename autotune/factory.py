@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from torch.utils.data import DataLoader
 
+from autotune.cpus import build_workers
 from autotune.errors import AutotuneError
 from autotune.loader import Transformed, make_loader
 from autotune.process import apply_at_runtime
@@ -118,13 +119,6 @@ def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | Pa
     return caches.open_or_build(backend, dataset, root=root, manifest=manifest, progress=progress, workers=workers)
 
 
-def _build_workers() -> int:
-    from autotune.cpus import usable_cpus
-
-    cpus = usable_cpus()
-    return cpus if cpus > 1 else 0
-
-
 def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = None, cache: Any = _UNSET,
                  cache_dir: str | Path | None = None, apply_process_settings: bool = True,
                  progress: bool = True, **overrides: Any) -> DataLoader:
@@ -148,7 +142,7 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = Non
     if config.cache:
         from autotune.gather import cached_source
 
-        source = _cached_source(dataset, config.cache, profile, cache_dir, progress, _build_workers())
+        source = _cached_source(dataset, config.cache, profile, cache_dir, progress, build_workers())
         data, collate_fn = cached_source(source, transform, overrides.get("collate_fn"))
         if collate_fn is not None:
             overrides["collate_fn"] = collate_fn

@@ -20,6 +20,7 @@ from collections import Counter
 from typing import Any
 
 from autotune.cpus import usable_cpus
+from autotune.memory import format_bytes as _format_bytes
 
 __all__ = [
     "collect",
@@ -210,12 +211,7 @@ def format_gpus(gpus: list[str] | None) -> str:
 
 
 def format_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "unknown"
-    for unit, size in (("TiB", 1024**4), ("GiB", _GIB), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
+    return "unknown" if n is None else _format_bytes(n)
 
 
 def _show(value: Any) -> str:

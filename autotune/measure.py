@@ -151,12 +151,13 @@ def measure(workload: Workload, config: Config, plan: Plan, report: Report | Non
     timings: list[EpochTiming] = []
     peak = 0
 
+    batches = len(loader)
     build_full = build_seconds * plan.length / n
     restarts = 1 if config.persistent_workers else workload.epochs  # worker start-up paid per epoch
 
     def progress(epoch: int) -> Callable[[int, float, float], None]:
         """Report the figure so far: step 0 a lower bound from the first batch, then running estimates."""
-        checkpoints = {max(HEAD + 2, len(loader) // 3): 1, len(loader): 2} if epoch == 0 else {}
+        checkpoints = {max(HEAD + 2, batches // 3): 1, batches: 2} if epoch == 0 else {}
         head = [0.0]
 
         def on_batch(count: int, elapsed: float, first: float) -> None:

@@ -15,36 +15,34 @@ def _pss(proc: psutil.Process) -> int:
         return int(proc.memory_info().rss)
 
 
-def tree_pss(pid: int | None = None) -> int:
-    """PSS (RSS where the OS has no PSS) summed over ``pid`` and all its descendants, in bytes.
-
-    PSS splits shared pages between the processes sharing them, so a forked worker that only reads
-    its parent's buffers adds little; RSS would count those pages once per worker.
-    """
-    root = psutil.Process(pid or os.getpid())
-    total = 0
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            total += _pss(proc)
-        except psutil.NoSuchProcess:
-            continue  # a worker that exited between listing and reading
-    return total
-
-
-def tree_rss(pid: int) -> int:
-    """Cheap RSS of a process tree (from statm), for the guard that stops runaway trials."""
+def _tree_total(pid: int | None, read) -> int:
+    """``read(process)`` summed over ``pid`` and all its descendants (the DataLoader workers)."""
     try:
-        root = psutil.Process(pid)
+        root = psutil.Process(pid or os.getpid())
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return 0
     total = 0
     for proc in procs:
         try:
-            total += proc.memory_info().rss
+            total += read(proc)
         except psutil.NoSuchProcess:
-            continue
+            continue  # a worker that exited between listing and reading
     return total
+
+
+def tree_pss(pid: int | None = None) -> int:
+    """PSS (RSS where the OS has no PSS) summed over ``pid`` and all its descendants, in bytes.
+
+    PSS splits shared pages between the processes sharing them, so a forked worker that only reads
+    its parent's buffers adds little; RSS would count those pages once per worker.
+    """
+    return _tree_total(pid, _pss)
+
+
+def tree_rss(pid: int) -> int:
+    """Cheap RSS of a process tree (from statm), for the guard that stops runaway trials."""
+    return _tree_total(pid, lambda proc: proc.memory_info().rss)
 
 
 def available_bytes() -> int:

@@ -7,19 +7,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import default_collate
-
 from autotune import hardware
 from autotune.candidates import Limits, build_space, disk_free
-from autotune.cpus import usable_cpus
+from autotune.cpus import build_workers, usable_cpus
 from autotune.evict import source_files
 from autotune.measure import Plan, Workload
 from autotune.memory import default_budget, format_bytes
 from autotune.probe import Probe, probe_dataset, probe_indices
-from autotune.shm import batch_bytes, shm_free
+from autotune.shm import shm_free
 from autotune.space import Space
 from autotune.statefulness import epoch_state_warning
-from autotune.userfile import UserSpec, read_sample
+from autotune.userfile import UserSpec
 
 
 @dataclass
@@ -42,13 +40,6 @@ def subset_size(probe: Probe, batch_size: int, seconds: float) -> int:
     if count < probe.length:
         count = max(batch_size, count // batch_size * batch_size)
     return count
-
-
-def _batch_bytes(spec: UserSpec, indices: list[int]) -> int:
-    samples = [read_sample(spec.dataset, i) for i in indices[: spec.batch_size]]
-    if spec.transform is not None:
-        samples = [spec.transform(s) for s in samples]
-    return batch_bytes((spec.collate_fn or default_collate)(samples))
 
 
 def prepare(spec: UserSpec, opts: Any) -> Setup:
@@ -86,11 +77,11 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
         seed=opts.seed,
         batch_timeout=opts.trial_timeout or max(60.0, 20 * trial_seconds),
         cache_root=str(Path(opts.workdir) / "cache" / "trials"),
-        build_workers=limits.usable_cpus if limits.usable_cpus > 1 else 0,
+        build_workers=build_workers(limits.usable_cpus),
         files=sources.files,
         cold_every_epoch=sources.cold_every_epoch,
     )
     workload = Workload(dataset=spec.dataset, batch_size=spec.batch_size, epochs=spec.epochs,
                         collate_fn=spec.collate_fn, transform=spec.transform, train_step=spec.train_step,
                         fingerprint=probe.fingerprint)
-    return Setup(hw, probe, limits, space, plan, workload, _batch_bytes(spec, indices), shm_free(), trial_seconds)
+    return Setup(hw, probe, limits, space, plan, workload, probe.batch_bytes, shm_free(), trial_seconds)

@@ -6,7 +6,9 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from torch.utils.data import default_collate
 
+from autotune.shm import batch_bytes
 from autotune.userfile import UserSpec, read_sample
 
 
@@ -15,6 +17,7 @@ class Probe:
     length: int
     sample_seconds: float  # dataset[i] + transform, median over the probe, in this process
     sample_bytes: float  # payload bytes of one sample before transform (what a cache stores)
+    batch_bytes: int  # tensor bytes of one collated batch, scaled from the probed samples (the /dev/shm rule)
     deterministic: bool
     determinism_note: str
     fingerprint: str
@@ -34,19 +37,22 @@ def probe_dataset(spec: UserSpec, count: int = 8, seed: int = 0) -> Probe:
 
     dataset = spec.dataset
     length = len(dataset)
-    seconds, sizes = [], []
+    seconds, sizes, ready = [], [], []
     for index in probe_indices(length, count, seed):
         start = time.perf_counter()
         sample = read_sample(dataset, index)
-        if spec.transform is not None:
-            spec.transform(sample)
+        transformed = spec.transform(sample) if spec.transform is not None else sample
         seconds.append(time.perf_counter() - start)
         sizes.append(sample_nbytes(sample))
+        ready.append(transformed)
+    # What a worker puts in shared memory per batch, from the samples already read rather than a batch more.
+    per_sample = batch_bytes((spec.collate_fn or default_collate)(ready)) / len(ready)
     deterministic, note = check_deterministic(dataset, probe=3, seed=seed)
     return Probe(
         length=length,
         sample_seconds=float(np.median(seconds)),
         sample_bytes=float(np.mean(sizes)),
+        batch_bytes=int(per_sample * spec.batch_size),
         deterministic=deterministic,
         determinism_note=note,
         fingerprint=dataset_fingerprint(dataset, spec.source_text),

@@ -278,8 +278,7 @@ def _best_value(study: optuna.Study) -> float | None:
 
 
 def _status(study: optuna.Study) -> str:
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    best = min((t.value for t in done), default=None)
+    best = _best_value(study)
     return f"trial {len(study.trials)}" + (f", best {best:.2f} s" if best is not None else "")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from autotune.process import ProcessSettings

@@ -32,6 +32,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autotune.duration import format_fine
+
 __all__ = ["LOADER_STAGES", "STAGE_LABELS", "Measurements", "Verdict", "judge"]
 
 LOADER_STAGES = ("storage", "decode", "transform", "collate", "transfer")
@@ -162,12 +164,7 @@ def _runner_up(stages: dict[str, float], cpus: int, first: str, close: float = 0
     return second if effective[first] > 0 and others[second] >= close * effective[first] else None
 
 
-def _ms(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds * 1e6:.0f} us"
+_ms = format_fine
 
 
 def _pct(share: float) -> str:

@@ -94,9 +94,7 @@ def evict_files(paths: Iterable[str]) -> dict[str, Any]:
         return {"files": 0, "effective": None, "note": "no files to evict (data generated in memory)"}
     from autotune.evict import evict
 
-    report = evict(paths)
-    return {"files": report.files, "bytes": report.bytes, "resident_before": report.resident_before,
-            "resident_after": report.resident_after, "effective": report.effective, "note": report.note}
+    return evict(paths).to_dict()
 
 
 def _consume_epoch(loader: Iterable, consume: Callable[[Any], Any], memory: bool) -> tuple[float, int, int]:

@@ -36,7 +36,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from autotune import allocator, hardware  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+from autotune import allocator  # noqa: E402
 from autotune.process import ProcessSettings, launch_env  # noqa: E402
 
 ROWS = {
@@ -148,19 +150,9 @@ def measure(row: str, column: str, images: int) -> dict:
 
 
 def machine_facts() -> dict:
-    hw = hardware.collect()
-    return {
-        "cpu_model": hw.get("cpu_model"),
-        "usable_cpus": hw.get("usable_cpus"),
-        "logical_cpus": hw.get("logical_cpus"),
-        "memory_bytes": hw.get("memory_bytes"),
-        "torch": hw.get("torch"),
-        "python": platform.python_version(),
-        "libc": " ".join(platform.libc_ver()),
-        "platform": hw.get("platform"),
-        "fingerprint": hw.get("fingerprint"),
-        "libraries": {name: allocator.find_library(name) for name in allocator.PRELOAD_LIBRARIES},
-    }
+    """The shared facts, plus what this table depends on: the C library and the preload libraries."""
+    return {**_common.machine_facts(), "libc": " ".join(platform.libc_ver()),
+            "libraries": {name: allocator.find_library(name) for name in allocator.PRELOAD_LIBRARIES}}
 
 
 def cell_text(values: list[float]) -> str:

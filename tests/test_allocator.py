@@ -15,7 +15,6 @@ from autotune import allocator
 from autotune.allocator import (
     ALLOCATORS,
     MalloptWorkerInit,
-    active_allocator,
     apply_mallopt,
     availability,
     find_library,

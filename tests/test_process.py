@@ -18,7 +18,6 @@ from autotune import allocator, process
 from autotune.errors import RecipeError
 from autotune.process import (
     ProcessSettings,
-    apply_at_runtime,
     command_line,
     launch_env,
     needs_fresh_process,

@@ -126,22 +126,15 @@ def run(args: argparse.Namespace) -> int:
     recipe, outcome = search_spec(spec, opts, args.output)
     print(summary(recipe, outcome, args.output))
     if args.validate:
-        print(validate_recipe(recipe, spec, outcome, args))
+        print(validate_recipe(recipe, spec, args))
     return 0
 
 
-def validate_recipe(recipe, spec, outcome, args) -> str:
+def validate_recipe(recipe, spec, args) -> str:
     """Run the recipe for real and store predicted against measured in the recipe file."""
-    from autotune.commands.validate import summary as validation_summary
-    from autotune.evict import files_under
-    from autotune.validate import store, validate
+    from autotune.commands.validate import validate_spec
 
     subset = recipe.profile.measured["subset"]
     # A dataset too large to read whole during a search is validated on as many batches as a trial read.
     max_batches = max(2, subset["measured"] // spec.batch_size) if subset["extrapolated"] else None
-    result = validate(recipe, spec.dataset, transform=spec.transform, train_step=spec.train_step,
-                      collate_fn=spec.collate_fn, batch_size=spec.batch_size,
-                      evict_paths=files_under(args.data_dir) if args.data_dir else None, max_batches=max_batches)
-    if args.output:
-        store(args.output, result)
-    return validation_summary(result, args.output, bool(args.output))
+    return validate_spec(recipe, spec, recipe_path=args.output, data_dir=args.data_dir, max_batches=max_batches)

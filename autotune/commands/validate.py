@@ -70,11 +70,25 @@ def summary(v, recipe_path: str, stored: bool) -> str:
     return "\n".join(lines)
 
 
+def validate_spec(recipe, spec, *, recipe_path: str | None, data_dir: str | None = None,
+                  max_batches: int | None = None, epochs: int = 2, seed: int = 0) -> str:
+    """Run ``recipe`` for real on the dataset file's spec, store the result when given a recipe path, and
+    return the summary to print (shared by `autotune validate` and `autotune search --validate`)."""
+    from autotune.evict import files_under
+    from autotune.validate import store, validate
+
+    result = validate(recipe, spec.dataset, transform=spec.transform, train_step=spec.train_step,
+                      collate_fn=spec.collate_fn, batch_size=spec.batch_size,
+                      evict_paths=files_under(data_dir) if data_dir else None,
+                      max_batches=max_batches, epochs=epochs, seed=seed)
+    if recipe_path:
+        store(recipe_path, result)
+    return summary(result, recipe_path, bool(recipe_path))
+
+
 def run(args: argparse.Namespace) -> int:
     from autotune.api import load
-    from autotune.evict import files_under
     from autotune.userfile import load_user_file
-    from autotune.validate import store, validate
 
     if args.max_batches is not None and args.max_batches < 2:
         raise AutotuneError(f"--max-batches must be at least 2, but got {args.max_batches}.")
@@ -83,14 +97,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         raise AutotuneError(f"--batch-size must be a positive integer, but got {args.batch_size}.")
     recipe = load(args.recipe)
-    evict_paths = files_under(args.data_dir) if args.data_dir else None
     spec = load_user_file(args.target, batch_size=args.batch_size or recipe.profile.settings.get("batch_size"))
-    result = validate(recipe, spec.dataset, transform=spec.transform, train_step=spec.train_step,
-                      collate_fn=spec.collate_fn, batch_size=spec.batch_size, evict_paths=evict_paths,
-                      max_batches=args.max_batches, epochs=args.epochs, seed=args.seed)
-    stored = False
-    if not args.no_store:
-        store(args.recipe, result)
-        stored = True
-    print(summary(result, args.recipe, stored))
+    print(validate_spec(recipe, spec, recipe_path=None if args.no_store else args.recipe, data_dir=args.data_dir,
+                        max_batches=args.max_batches, epochs=args.epochs, seed=args.seed))
     return 0
