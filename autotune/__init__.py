@@ -5,9 +5,9 @@
     loader = autotune.dataloader(dataset, "autotune.json")
 """
 
-from autotune.api import Recipe, dataloader, load, search
+from autotune._api import Recipe, dataloader, load, search
 from autotune.errors import AutotuneError, DatasetError, HardwareMismatch, RecipeError
-from autotune.recipe import RecipeMismatchWarning
+from autotune.recipe._file import RecipeMismatchWarning
 
 __version__ = "0.1.0"
 

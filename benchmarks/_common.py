@@ -4,7 +4,7 @@ How every configuration is measured (MEASURING.md):
 
 - a fresh Python process per run (``run_fresh``): allocator state, thread pools and worker start-up
   never carry over; a preloaded allocator is put in the environment it starts with (``launch_env``);
-- the dataset's source files are evicted from the page cache (``autotune.evict``) before the one-time
+- the dataset's source files are evicted from the page cache (``autotune.machine._evict``) before the one-time
   setup reads them (cache build, in-memory load) and again just before epoch 1;
 - the setup (cache build, load, recipe factory) is timed apart from the epochs; each epoch is timed
   from ``iter(loader)`` to the last batch consumed, the consumer included; shuffle with a fixed seed;
@@ -49,7 +49,8 @@ SEED = 0
 
 def machine_facts() -> dict[str, Any]:
     """The facts a result is quoted with: CPU model, usable CPUs, memory, torch version, load."""
-    from autotune import allocator, hardware
+    from autotune.recipe import _allocator as allocator
+    from autotune.machine import _hardware as hardware
 
     hw = hardware.collect()
     return {
@@ -92,14 +93,14 @@ def evict_files(paths: Iterable[str]) -> dict[str, Any]:
     paths = list(paths)
     if not paths:
         return {"files": 0, "effective": None, "note": "no files to evict (data generated in memory)"}
-    from autotune.evict import evict
+    from autotune.machine._evict import evict
 
     return evict(paths).to_dict()
 
 
 def _consume_epoch(loader: Iterable, consume: Callable[[Any], Any], memory: bool) -> tuple[float, int, int]:
     """(seconds, batches, peak PSS) of one epoch; PSS only read in the memory pass."""
-    from autotune.memory import tree_pss
+    from autotune.machine._memory import tree_pss
 
     every = 0
     if memory:
@@ -121,7 +122,7 @@ def _consume_epoch(loader: Iterable, consume: Callable[[Any], Any], memory: bool
 
 def run_setup(setup: Setup, epochs: int, memory: bool = False) -> dict[str, Any]:
     """Evict, prepare (timed), evict again, then time ``epochs`` epochs (or sample memory)."""
-    from autotune.memory import tree_pss
+    from autotune.machine._memory import tree_pss
 
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     warnings.filterwarnings("ignore", message=".*pin_memory.*")
@@ -175,7 +176,7 @@ def base_env() -> dict[str, str]:
 
 def env_for_allocator(allocator: str) -> dict[str, str]:
     """The environment a run with ``allocator`` starts with (a preload only exists from the start)."""
-    from autotune.process import PRELOAD_ALLOCATORS, ProcessSettings, launch_env
+    from autotune.recipe._process import PRELOAD_ALLOCATORS, ProcessSettings, launch_env
 
     if allocator not in PRELOAD_ALLOCATORS:
         return base_env()
@@ -313,18 +314,13 @@ def workdir(path: str | None, name: str) -> Path:
 # ------------------------------------------------------------------------------------------ recipes
 
 
-def profile_for(config: Any, *, batch_size: int, epochs: int, source: str, cache_root: str | Path) -> Any:
-    """A recipe Profile for an arbitrary Config (the oracle's point), so it runs through the same factory."""
-    from autotune import hardware
-    from autotune.recipe import Profile
+def profile_for(config: Any, *, batch_size: int, epochs: int, source: str) -> Any:
+    """A recipe Profile for an arbitrary LoaderConfig (the oracle's point), so it runs through the same factory."""
+    from autotune.machine import _hardware as hardware
+    from autotune.recipe._file import Profile
 
-    cache = None
-    if config.cache:
-        cache = {"backend": config.cache, "root": str(cache_root), "path": None}
     return Profile(hardware=hardware.collect(), dataset={"source": source},
-                   settings={"batch_size": batch_size, "epochs": epochs}, loader=config.loader_kwargs(),
-                   threads={"worker": config.worker_threads, "main": config.main_threads},
-                   process={"allocator": config.allocator}, cache=cache, measured={})
+                   settings={"batch_size": batch_size, "epochs": epochs}, config=config, measured={})
 
 
 def recipe_setup(profile_dict: dict, dataset_fn: Callable[[], Any], files_fn: Callable[[Any], set[str]], *,
@@ -334,15 +330,15 @@ def recipe_setup(profile_dict: dict, dataset_fn: Callable[[], Any], files_fn: Ca
 
     ``consumer(config)`` gives the consumer of each batch (default: autotune's own, a device copy).
     """
-    from autotune.api import Recipe
-    from autotune.recipe import Profile
+    from autotune._api import Recipe
+    from autotune.recipe._file import Profile
 
     profile = Profile.from_dict(profile_dict)
     dataset = dataset_fn()
 
     def prepare():
         import torch
-        from autotune.loader import DeviceConsumer
+        from autotune._loader import DeviceConsumer
 
         recipe = Recipe(profile)
         kwargs: dict[str, Any] = {"shuffle": True, "generator": torch.Generator().manual_seed(SEED)}
@@ -353,7 +349,7 @@ def recipe_setup(profile_dict: dict, dataset_fn: Callable[[], Any], files_fn: Ca
         return loader, consume
 
     return Setup(files=files_fn(dataset), prepare=prepare,
-                 info={"config": Recipe(profile).config.describe(), "allocator": profile.process.get("allocator")})
+                 info={"config": Recipe(profile).config.describe(), "allocator": profile.config.allocator})
 
 
 
@@ -362,8 +358,8 @@ def recipe_setup(profile_dict: dict, dataset_fn: Callable[[], Any], files_fn: Ca
 
 def autotune_search(spec: Any, *, budget: float, workdir: Path, **options: Any) -> tuple[Any, Any, dict]:
     """Run autotune's own search in-process; return (recipe, outcome, timing) with the wall time."""
-    from autotune.api import search_spec
-    from autotune.search import SearchOptions
+    from autotune._api import search_spec
+    from autotune.tuner._study import SearchOptions
 
     opts = SearchOptions(budget=budget, workdir=workdir / ".autotune", progress=False, **options)
     started_wall = time.time()
@@ -376,8 +372,8 @@ def autotune_search(spec: Any, *, budget: float, workdir: Path, **options: Any) 
 def reduced_space(max_workers: int, *, has_train_step: bool = False) -> Any:
     """The oracle's grid: workers 0..max_workers x persistent x prefetch {2, 4} x every cache backend x
     allocator {glibc, glibc-tuned}; fork workers with one thread (main threads 1..CPUs with a train_step)."""
-    from autotune.cpus import usable_cpus
-    from autotune.space import Space
+    from autotune.machine._cpus import usable_cpus
+    from autotune.tuner._space import Space
 
     cpus = usable_cpus()
     return Space(max_workers=max_workers, contexts=("fork",), prefetch_factors=(2, 4), worker_threads=(1,),
@@ -386,7 +382,7 @@ def reduced_space(max_workers: int, *, has_train_step: bool = False) -> Any:
 
 
 def workload_for(spec: Any, outcome: Any) -> Any:
-    from autotune.measure import Workload
+    from autotune.tuner._measure import Workload
 
     return Workload(dataset=spec.dataset, batch_size=spec.batch_size, epochs=spec.epochs,
                     collate_fn=spec.collate_fn, transform=spec.transform, train_step=spec.train_step,
@@ -395,16 +391,16 @@ def workload_for(spec: Any, outcome: Any) -> Any:
 
 def evaluate_points(spec: Any, outcome: Any, configs: list[Any], log: Callable[[str], None] | None = None,
                     label: str = "grid") -> list[dict]:
-    """Measure each Config with ``Runner.run`` on the search's own plan (the measurement autotune uses)."""
-    from autotune.memory import default_budget
-    from autotune.runner import Runner, TrialFailed
+    """Measure each LoaderConfig with ``Runner.run`` on the search's own plan (the measurement autotune uses)."""
+    from autotune.machine._memory import default_budget
+    from autotune.tuner._runner import Runner, TrialFailed
 
     runner = Runner(workload_for(spec, outcome), spec.sys_path, memory_limit=default_budget())
     plan = outcome.plan
     out = []
     for i, config in enumerate(configs):
         t0 = time.perf_counter()
-        entry: dict[str, Any] = {"config": config.to_dict(), "describe": config.describe()}
+        entry: dict[str, Any] = {"config": config.to_json(), "describe": config.describe()}
         try:
             result = runner.run(config, plan, timeout=plan.batch_timeout)
             entry["value"] = result["prediction"]["total_seconds"]

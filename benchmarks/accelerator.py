@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.cell:
         return C.child_main(CELLS, args.cell)
-    from autotune.userfile import UserSpec
+    from autotune.dataset._userfile import UserSpec
 
     if args.quick:
         args.images = min(args.images, 128)

@@ -4,7 +4,7 @@ Rows: three DataLoader paths (decode 2000 random 224x224 JPEGs with num_workers=
 tensors with num_workers=0; the same with 2 persistent workers). Columns: glibc default,
 glibc-tuned (raised mmap/trim thresholds), tcmalloc and jemalloc (preloaded; only where installed).
 
-Every cell runs in a fresh Python process started with ``autotune.process.launch_env``, so a
+Every cell runs in a fresh Python process started with ``autotune.recipe._process.launch_env``, so a
 preload really applies; the runs are interleaved across columns (A B C D A B C D ...). Each process
 runs two epochs and reports the second (the first includes worker start-up and the allocator's
 warm-up); the cell is the median over ``--repeats`` processes with the min-max spread. Batch 64,
@@ -39,7 +39,7 @@ if str(REPO) not in sys.path:
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 from autotune import allocator  # noqa: E402
-from autotune.process import ProcessSettings, launch_env  # noqa: E402
+from autotune.recipe._process import ProcessSettings, launch_env  # noqa: E402
 
 ROWS = {
     "jpeg-0": "decode JPEGs, `num_workers=0` (the article's config A)",

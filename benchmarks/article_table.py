@@ -111,7 +111,7 @@ def _loader(dataset, **kwargs):
 
 
 def _consumer(pin: bool):
-    from autotune.loader import DeviceConsumer
+    from autotune._loader import DeviceConsumer
 
     return DeviceConsumer(pin)  # autotune's default consumer: a device copy (nothing to move without CUDA)
 
@@ -185,7 +185,7 @@ CELLS = {"A": cell_a, "B": cell_b, "C": cell_c, "D": cell_d, "autotune": cell_re
 def search_and_grid(args, work: Path) -> dict:
     """autotune's search, then the grid on the same plan; returns profiles and costs for the rows."""
     import jpeg_folder
-    from autotune.userfile import UserSpec
+    from autotune.dataset._userfile import UserSpec
 
     dataset = jpeg_dataset(args.images)
     spec = UserSpec(dataset=dataset, source=str(C.EXAMPLES / "jpeg_folder.py"), batch_size=BATCH,
@@ -203,17 +203,16 @@ def search_and_grid(args, work: Path) -> dict:
     best = C.best_point(grid)
     if best is None:
         raise SystemExit("no grid point could be measured")
-    from autotune.space import Config
+    from autotune.config import LoaderConfig
 
-    best_config = Config.from_dict(best["config"])
+    best_config = LoaderConfig.from_json(best["config"])
     with open(work / STATE, "wb") as f:  # for search_cost.py --reuse: the same plan, probe and grid
         pickle.dump({"images": args.images, "budget": args.budget, "plan": outcome.plan, "probe": outcome.probe,
                      "search": timing, "trial_log": C.study_trials(outcome), "grid": grid,
                      "grid_space": repr(space)}, f)
-    oracle_profile = C.profile_for(best_config, batch_size=BATCH, epochs=EPOCHS, source=spec.source,
-                                   cache_root=work / "oracle-cache")
+    oracle_profile = C.profile_for(best_config, batch_size=BATCH, epochs=EPOCHS, source=spec.source)
     return {
-        "search": {**timing, "config": recipe.config.to_dict(), "describe": recipe.config.describe(),
+        "search": {**timing, "config": recipe.config.to_json(), "describe": recipe.config.describe(),
                    "trials": outcome.trials, "pruned": outcome.pruned, "failed": len(outcome.failed),
                    "search_seconds": outcome.search_seconds, "measured": recipe.measured,
                    "plan_samples": len(outcome.plan.indices), "study": outcome.study,

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cell:
         return C.child_main(CELLS, args.cell)
     import imdb_lstm
-    from autotune.userfile import UserSpec
+    from autotune.dataset._userfile import UserSpec
 
     if args.quick:
         args.reviews = min(args.reviews, 64)

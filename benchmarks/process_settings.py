@@ -51,7 +51,7 @@ class InMemoryTensors(torch.utils.data.Dataset):
 
 
 def _spec(dataset, source: str):
-    from autotune.userfile import UserSpec
+    from autotune.dataset._userfile import UserSpec
 
     return UserSpec(dataset=dataset, source=source, batch_size=A.BATCH, epochs=A.EPOCHS,
                     sys_path=[str(C.EXAMPLES), str(Path(__file__).resolve().parent)])

@@ -55,11 +55,11 @@ def random_search(state: dict, budget: float, seed: int, work: Path) -> tuple[li
     """An Optuna RandomSampler study over autotune's space, driven through Runner.run on the same plan."""
     import optuna
 
-    from autotune.candidates import Limits, build_space, disk_free
-    from autotune.cpus import usable_cpus
-    from autotune.measure import Workload
-    from autotune.memory import default_budget
-    from autotune.runner import Runner, TrialFailed
+    from autotune.tuner._candidates import Limits, build_space, disk_free
+    from autotune.machine._cpus import usable_cpus
+    from autotune.tuner._measure import Workload
+    from autotune.machine._memory import default_budget
+    from autotune.tuner._runner import Runner, TrialFailed
 
     probe, plan = state["probe"], state["plan"]
     dataset = A.jpeg_dataset(state["images"])

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune import allocator
-from autotune.allocator import (
+from autotune.recipe import _allocator as allocator
+from autotune.recipe._allocator import (
     ALLOCATORS,
     MalloptWorkerInit,
     apply_mallopt,
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 FAULTS_SCRIPT = r"""
 import json, resource, sys
 import numpy as np
-from autotune import allocator
+from autotune.recipe import _allocator as allocator
 ok = allocator.apply_mallopt() if sys.argv[1] == "mallopt" else None
 def once():
     a = np.empty(64 << 20, dtype=np.uint8)
@@ -69,7 +69,7 @@ def test_allocator_names():
 
 
 def test_not_available_report_when_libraries_cannot_be_found(tmp_path, monkeypatch):
-    # Config, not the thing measured: point the search at an empty folder.
+    # LoaderConfig, not the thing measured: point the search at an empty folder.
     monkeypatch.setenv(allocator.ENV_LIBRARY_PATH, str(tmp_path))
     assert find_library("tcmalloc") is None
     assert find_library("jemalloc") is None

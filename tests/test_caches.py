@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from autotune import caches, cli
+from autotune import caches
+from autotune import cli
 from autotune.caches import (
     BACKENDS, CachedDataset, CacheRebuildWarning, CorruptCache, StaleCache, get_backend, open_or_build,
 )
-from autotune.codec import samples_equal
+from autotune.caches._codec import samples_equal
 from autotune.errors import AutotuneError
 from test_codec import ZooDataset
 

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from autotune.cli import main
+from autotune.cli._main import main
 
 pytestmark = pytest.mark.timeout(240)
 

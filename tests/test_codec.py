@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from autotune import codec
+from autotune.caches import _codec as codec
 
 NAN_PAYLOAD = struct.unpack("<d", struct.pack("<Q", 0x7FF8_0000_DEAD_BEEF))[0]
 

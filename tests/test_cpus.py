@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cpus import cgroup_quota, cpu_limits, usable_cpus
+from autotune.machine._cpus import cgroup_quota, cpu_limits, usable_cpus
 
 
 def v2(root: Path, cpu_max: str, rel: str = "") -> Path:

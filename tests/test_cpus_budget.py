@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.cpus import cpu_limits, usable_cpus
+from autotune.machine._cpus import cpu_limits, usable_cpus
 
 
 def quota(root, cpus_x100k: int, period: int = 100000):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from autotune.determinism import check_deterministic
+from autotune.dataset._determinism import check_deterministic
 from test_codec import ZooDataset
 
 

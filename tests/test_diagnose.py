@@ -12,8 +12,8 @@ import torch
 from torch.utils.data import Dataset
 
 from autotune import cli
-from autotune.diagnose import diagnose, format_table, read_files, to_json, transfer_seconds
-from autotune.userfile import UserSpec
+from autotune.diagnose._measure import diagnose, format_table, read_files, to_json, transfer_seconds
+from autotune.dataset._userfile import UserSpec
 
 pytestmark = pytest.mark.timeout(120)
 

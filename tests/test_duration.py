@@ -1,6 +1,6 @@
 import pytest
 
-from autotune.duration import parse_duration
+from autotune._duration import parse_duration
 from autotune.errors import AutotuneError
 
 

@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from autotune import evict
+from autotune.machine import _evict as evict
 from autotune.errors import AutotuneError
-from autotune.evict import (EFFECTIVE_MAX_RESIDENT, dataset_files, files_under, fits_page_cache, record_files,
+from autotune.machine._evict import (EFFECTIVE_MAX_RESIDENT, dataset_files, files_under, fits_page_cache, record_files,
                             resident_fraction)
 
 from evict_workloads import FileSamples, HiddenPaths, OneBigFile, page_cache_is_droppable, write_files
@@ -196,7 +196,7 @@ def test_fits_page_cache():
 def test_generated_data_opens_no_files():
     from pathlib import Path
 
-    from autotune.userfile import import_file
+    from autotune.dataset._userfile import import_file
 
     big_synthetic = import_file(Path(__file__).resolve().parent.parent / "examples" / "big_synthetic.py")
     assert len(big_synthetic.dataset) == 10_000_000

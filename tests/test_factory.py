@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import DataLoader
 
 import autotune
-from autotune import hardware
-from autotune.recipe import Profile, RecipeFile
+from autotune.machine import _hardware as hardware
+from autotune.recipe._file import Profile, RecipeFile
 
 from workloads import Numbers, double
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from autotune.fingerprint import dataset_fingerprint, probe_indices
+from autotune.dataset._fingerprint import dataset_fingerprint, probe_indices
 from test_codec import ZooDataset
 
 

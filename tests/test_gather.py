@@ -8,8 +8,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from autotune.caches import MemoryCache, PickleCache
-from autotune.codec import samples_equal
-from autotune.gather import GatherDataset, can_gather, cached_source, collate_gathered
+from autotune.caches._codec import samples_equal
+from autotune.caches._gather import GatherDataset, can_gather, cached_source, collate_gathered
 
 pytestmark = pytest.mark.timeout(120)
 

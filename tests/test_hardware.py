@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from autotune import hardware
+from autotune.machine import _hardware as hardware
 
 GIB = 1024**3
 

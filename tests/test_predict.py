@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.predict import EpochTiming, batches_in, predict, scale_epoch
+from autotune.tuner._predict import EpochTiming, batches_in, predict, scale_epoch
 
 
 def test_batches_in():

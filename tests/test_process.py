@@ -14,9 +14,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from autotune import allocator, process
+from autotune.recipe import _allocator as allocator
+from autotune.recipe import _process as process
 from autotune.errors import RecipeError
-from autotune.process import (
+from autotune.recipe._process import (
     ProcessSettings,
     command_line,
     launch_env,
@@ -116,7 +117,7 @@ print(json.dumps(loader_report(sys.argv[1], sys.argv[2])))
 
 MAIN_SCRIPT = r"""
 import json, sys
-from autotune.process import ProcessSettings, apply_at_runtime
+from autotune.recipe._process import ProcessSettings, apply_at_runtime
 from test_process import realloc_faults
 import torch
 settings = ProcessSettings.from_dict(json.loads(sys.argv[1]))

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune import hardware, recipe
+from autotune.machine import _hardware as hardware
+from autotune.recipe import _file as recipe
 from autotune.errors import HardwareMismatch, RecipeError
-from autotune.recipe import Profile, RecipeFile, RecipeMismatchWarning, choose_profile
+from autotune.recipe._file import Profile, RecipeFile, RecipeMismatchWarning, choose_profile
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = DATA / "recipe_v1.json"

@@ -10,10 +10,10 @@ import re
 import pytest
 
 from autotune import cli
-from autotune.api import search_spec
-from autotune.report import SECTIONS, build_report, load_trials
-from autotune.search import SearchOptions
-from autotune.userfile import UserSpec
+from autotune._api import search_spec
+from autotune.diagnose._report import SECTIONS, build_report, load_trials
+from autotune.tuner._study import SearchOptions
+from autotune.dataset._userfile import UserSpec
 
 from workloads import Numbers
 

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune import allocator, hardware
-from autotune.cli import build_parser, main
+from autotune.recipe import _allocator as allocator
+from autotune.machine import _hardware as hardware
+from autotune.cli._main import build_parser, main
 from autotune.commands import run as run_cmd
-from autotune.process import ProcessSettings
+from autotune.recipe._process import ProcessSettings
 
 REPO = Path(__file__).resolve().parents[1]
 TCMALLOC = allocator.find_library("tcmalloc")
@@ -50,7 +51,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def autotune(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "autotune.cli", *args],
+        [sys.executable, "-m", "autotune", *args],
         env=env if env is not None else clean_env(),
         capture_output=True,
         text=True,

@@ -7,10 +7,10 @@ import json
 import optuna
 import pytest
 
-from autotune.api import search_spec
-from autotune.search import SearchOptions
-from autotune.space import Config
-from autotune.userfile import UserSpec
+from autotune._api import search_spec
+from autotune.tuner._study import SearchOptions
+from autotune.config import LoaderConfig
+from autotune.dataset._userfile import UserSpec
 
 from workloads import BusErrorInWorkers, HangsInWorkers, Numbers, RaisesInWorkers
 
@@ -77,7 +77,7 @@ def test_resume_uses_the_same_study(tmp_path):
     assert optuna.get_all_study_names(storage) == [name]
     study = optuna.load_study(study_name=name, storage=storage)
     assert len(study.trials) > first
-    defaults = [t for t in study.trials if t.user_attrs.get("config") == Config().to_dict()
+    defaults = [t for t in study.trials if t.user_attrs.get("config") == LoaderConfig().to_json()
                 and not t.user_attrs.get("repeat")]
     assert len(defaults) == 1, "the default is measured once, not enqueued again on resume"
 

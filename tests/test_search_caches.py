@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import autotune
-from autotune.api import search_spec
+from autotune._api import search_spec
 from autotune.caches import CacheRebuildWarning, list_caches
-from autotune.search import SearchOptions
-from autotune.userfile import UserSpec
+from autotune.tuner._study import SearchOptions
+from autotune.dataset._userfile import UserSpec
 
 from workloads import Megabytes, Noisy, Numbers, jitter
 

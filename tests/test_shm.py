@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from autotune.shm import EXTRA_BATCHES, SLACK_BYTES, batch_bytes, shm_free, shm_need, shm_rule
+from autotune.machine._shm import EXTRA_BATCHES, SLACK_BYTES, batch_bytes, shm_free, shm_need, shm_rule
 
 MIB = 1 << 20
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune import hardware
-from autotune.cli import main
-from autotune.recipe import Profile, RecipeFile
+from autotune.machine import _hardware as hardware
+from autotune.cli._main import main
+from autotune.recipe._file import Profile, RecipeFile
 
 SAMPLE = Path(__file__).parent / "data" / "recipe_v1.json"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from torch.utils.data import Subset
 
-from autotune.statefulness import epoch_state_warning
+from autotune.dataset._statefulness import epoch_state_warning
 
 
 class Pure:

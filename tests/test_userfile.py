@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli import main
+from autotune.cli._main import main
 from autotune.errors import DatasetError
-from autotune.userfile import load_user_file
+from autotune.dataset._userfile import load_user_file
 
 GOOD = """
 import torch

@@ -8,10 +8,11 @@ import uuid
 import pytest
 
 import autotune
-from autotune import cli, hardware
-from autotune.predict import EpochTiming, scale_epoch
-from autotune.recipe import Profile, RecipeFile
-from autotune.validate import error_percent, store, validate
+from autotune import cli
+from autotune.machine import _hardware as hardware
+from autotune.tuner._predict import EpochTiming, scale_epoch
+from autotune.recipe._file import Profile, RecipeFile
+from autotune.recipe._validate import error_percent, store, validate
 
 from evict_workloads import FileSamples, page_cache_is_droppable, write_files
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from autotune.diagnose import format_table, measure_device, to_json
-from autotune.verdict import LOADER_STAGES, Measurements, judge
+from autotune.diagnose._measure import format_table, measure_device, to_json
+from autotune.diagnose._verdict import LOADER_STAGES, Measurements, judge
 
 
 def measurements(**kw) -> Measurements:

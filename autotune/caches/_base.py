@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Iterator, Sequence
 import numpy as np
 import torch
 
-from autotune.codec import Schema, infer_schema
+from autotune.caches._codec import Schema, infer_schema
 from autotune.errors import AutotuneError
 
 FORMAT_VERSION = 1

@@ -3,6 +3,6 @@
 It is the same wrapper the loader puts around any source, under the name cache users look for.
 """
 
-from autotune.loader import Transformed as CachedDataset
+from autotune._loader import Transformed as CachedDataset
 
 __all__ = ["CachedDataset"]

@@ -9,7 +9,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from autotune.caches._base import CorruptCache, DiskCache
-from autotune.codec import Schema, encode, decode
+from autotune.caches._codec import Schema, encode, decode
 
 try:
     import h5py

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from autotune.caches._base import CorruptCache, DiskCache
-from autotune.codec import Schema, pack, unpack
+from autotune.caches._codec import Schema, pack, unpack
 
 try:
     import lmdb

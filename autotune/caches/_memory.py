@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from autotune.caches._base import Cache, read_source, stored_manifest
-from autotune.codec import encode, decode, infer_schema
+from autotune.caches._codec import encode, decode, infer_schema
 
 
 _HEAD = 8  # samples read in the calling process to fix the schema before workers start

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from autotune.caches._base import CorruptCache, DiskCache
-from autotune.codec import Schema, pack, unpack
+from autotune.caches._codec import Schema, pack, unpack
 
 DATA, INDEX = "data.bin", "index.npy"
 

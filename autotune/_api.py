@@ -1,0 +1,163 @@
+"""The Python API: search, load, dataloader and the Recipe they hand back (DESIGN §6)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from torch.utils.data import DataLoader
+
+from autotune.machine import _hardware as hardware
+from autotune._duration import parse_duration
+from autotune.errors import AutotuneError
+from autotune.recipe._factory import _UNSET, build_loader
+from autotune.recipe._file import Profile, RecipeFile, choose_profile
+from autotune.tuner._study import Outcome, SearchOptions, search as run_search
+from autotune.config import LoaderConfig
+from autotune.dataset._userfile import UserSpec, check_map_style, load_user_file
+
+DEFAULT_RECIPE = "autotune.json"
+
+
+class Recipe:
+    """One machine's tuned settings for one dataset, and the factory that applies them."""
+
+    def __init__(self, profile: Profile, path: str | os.PathLike | None = None, changes: list[str] | None = None):
+        self.profile = profile
+        self.path = Path(path) if path is not None else None
+        self.changes = list(changes or [])  # what differs from this machine ([] when tuned here)
+
+    @property
+    def matches_this_machine(self) -> bool:
+        return not self.changes
+
+    @property
+    def config(self) -> LoaderConfig:
+        return self.profile.config
+
+    @property
+    def loader_kwargs(self) -> dict[str, Any]:
+        return self.config.loader_kwargs()
+
+    @property
+    def measured(self) -> dict[str, Any]:
+        return dict(self.profile.measured)
+
+    def dataloader(self, dataset: Any, *, transform: Callable | None = None, cache: Any = _UNSET,
+                   cache_dir: str | os.PathLike | None = None, apply_process_settings: bool = True,
+                   progress: bool = True, **overrides: Any) -> DataLoader:
+        """A DataLoader over ``dataset`` with this recipe's settings; keyword arguments win over the recipe.
+
+        ``cache="hdf5"`` (or None) forces a cache backend; ``transform`` runs after the cache every epoch;
+        ``collate_fn``, ``shuffle``, ``sampler``, ``drop_last`` and the like pass through untouched.
+        The loader's ``autotune`` attribute says where each setting came from and what was applied.
+        """
+        return build_loader(self.profile, dataset, transform=transform, cache=cache, cache_dir=cache_dir,
+                            apply_process_settings=apply_process_settings, progress=progress, **overrides)
+
+    def __repr__(self) -> str:
+        where = "this machine" if self.matches_this_machine else "other hardware"
+        speedup = self.profile.measured.get("speedup")
+        extra = f", {speedup:.2f}x the default" if isinstance(speedup, (int, float)) else ""
+        return f"Recipe({self.config.describe()}; tuned on {where}{extra})"
+
+
+def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
+    config, figures, default = outcome.config, outcome.figures, outcome.default_figures
+    pred, dpred = figures["prediction"], default["prediction"]
+    return Profile(
+        hardware=outcome.hardware,
+        dataset={"source": spec.source, "length": outcome.probe.length, "fingerprint": outcome.probe.fingerprint},
+        settings={"batch_size": spec.batch_size, "epochs": spec.epochs},
+        config=config,
+        measured={
+            "epoch_seconds": pred["epoch_seconds"],
+            "first_epoch_seconds": pred["first_epoch_seconds"],
+            "build_seconds": pred["build_seconds"],
+            "total_seconds": pred["total_seconds"],
+            "default_epoch_seconds": dpred["epoch_seconds"],
+            "default_first_epoch_seconds": dpred["first_epoch_seconds"],
+            "default_total_seconds": dpred["total_seconds"],
+            "speedup": dpred["total_seconds"] / pred["total_seconds"],
+            "peak_memory_bytes": figures["peak_memory_bytes"],
+            "default_peak_memory_bytes": default["peak_memory_bytes"],
+            "runs_seconds": figures.get("runs", []),
+            "default_runs_seconds": default.get("runs", []),
+            "trials": outcome.trials,
+            "failed_trials": len(outcome.failed),
+            "failures": sorted(set(outcome.failed))[:10],
+            "pruned_trials": outcome.pruned,
+            "search_seconds": outcome.search_seconds,
+            "subset": {"measured": len(outcome.plan.indices), "length": outcome.probe.length,
+                       "extrapolated": len(outcome.plan.indices) < outcome.probe.length},
+            "is_default": outcome.is_default,
+            "note": outcome.note,
+            "notes": outcome.notes,
+            "has_transform": spec.transform is not None,
+            "finalists": outcome.finalists,
+            "study": outcome.study,
+        },
+    )
+
+
+def search_spec(spec: UserSpec, opts: SearchOptions, output: str | os.PathLike | None) -> tuple[Recipe, Outcome]:
+    """Search ``spec`` and, with an ``output`` path, add this machine's profile to that recipe file."""
+    outcome = run_search(spec, opts)
+    profile = profile_from(outcome, spec)
+    if output is not None:
+        RecipeFile.merge_write(output, profile)
+    return Recipe(profile, output), outcome
+
+
+def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10, budget: str | float = "2m",
+           collate_fn: Callable | None = None, transform: Callable | None = None,
+           train_step: Callable | None = None, output: str | os.PathLike | None = DEFAULT_RECIPE,
+           storage: str | None = None, workdir: str | os.PathLike = ".autotune",
+           caches: tuple[str, ...] | None = None, max_memory: int | None = None, seed: int = 0,
+           progress: bool = True) -> Recipe:
+    """Tune a DataLoader for ``dataset`` on this machine and return the Recipe (also written to ``output``)."""
+    check_map_style(dataset, "the dataset")
+    spec = UserSpec(dataset=dataset, source=f"<python object: {type(dataset).__name__}>", batch_size=batch_size,
+                    epochs=epochs, collate_fn=collate_fn, transform=transform, train_step=train_step)
+    opts = SearchOptions(budget=parse_duration(budget), workdir=Path(workdir), storage=storage, seed=seed,
+                         caches=caches, max_memory=max_memory, progress=progress)
+    return search_spec(spec, opts, output)[0]
+
+
+def load(path: str | os.PathLike = DEFAULT_RECIPE, *, on_mismatch: str = "warn", dataset: Any = None,
+         budget: str | float = "2m") -> Recipe:
+    """The profile for this machine from a recipe file.
+
+    With no profile for this machine: ``on_mismatch="warn"`` warns what changed and uses the nearest,
+    ``"error"`` raises HardwareMismatch, ``"search"`` tunes here now (``dataset`` or the recipe's dataset
+    file), adds this machine's profile to the file and uses it.
+    """
+    rf = RecipeFile.read(path)
+    profile, changes = choose_profile(rf, hardware.collect(), on_mismatch, stacklevel=3)
+    if changes and on_mismatch == "search":
+        return _search_here(profile, path, dataset, budget)
+    return Recipe(profile, path, changes)
+
+
+def _search_here(nearest: Profile, path: str | os.PathLike, dataset: Any, budget: str | float) -> Recipe:
+    settings = nearest.settings or {}
+    source = nearest.dataset.get("source", "")
+    if dataset is None:
+        if source.startswith("<"):
+            raise AutotuneError(
+                f"{path} was tuned from a Python object; pass dataset=... to load(on_mismatch='search')."
+            )
+        spec = load_user_file(source, batch_size=settings.get("batch_size"), epochs=settings.get("epochs"))
+    else:
+        spec = UserSpec(dataset=dataset, source=source, batch_size=settings.get("batch_size", 32),
+                        epochs=settings.get("epochs", 10))
+    opts = SearchOptions(budget=parse_duration(budget))
+    return search_spec(spec, opts, path)[0]
+
+
+def dataloader(dataset: Any, path: str | os.PathLike = DEFAULT_RECIPE, *, on_mismatch: str = "warn",
+               **kwargs: Any) -> DataLoader:
+    """One step: ``load(path)`` then ``Recipe.dataloader(dataset, **kwargs)``."""
+    recipe = load(path, on_mismatch=on_mismatch, dataset=dataset)
+    return recipe.dataloader(dataset, **kwargs)

@@ -1,0 +1,78 @@
+"""Turn a candidate LoaderConfig into a real torch DataLoader; used by trials and by the factory alike."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from autotune.recipe._process import worker_init
+from autotune.config import LoaderConfig
+
+
+class Transformed(Dataset):
+    """``transform(source[indices[i]])``: the user's per-epoch work applied after the data source."""
+
+    def __init__(self, source: Any, transform: Callable | None = None, indices: list[int] | None = None):
+        self.source = source
+        self.transform = transform
+        self.indices = indices
+
+    def __len__(self) -> int:
+        return len(self.indices) if self.indices is not None else len(self.source)
+
+    def __getitem__(self, i: int) -> Any:
+        sample = self.source[self.indices[i] if self.indices is not None else i]
+        return self.transform(sample) if self.transform is not None else sample
+
+
+def make_loader(dataset: Any, config: LoaderConfig, *, user_worker_init: Callable[[int], None] | None = None,
+                **passthrough: Any) -> DataLoader:
+    """A DataLoader with ``config``'s settings; ``passthrough`` (batch_size, sampler, collate_fn, ...)
+    is the caller's and wins over the config. Process settings reach each worker via worker_init_fn."""
+    kwargs = config.loader_kwargs()
+    if kwargs["pin_memory"] and not torch.cuda.is_available():
+        kwargs["pin_memory"] = False  # pinning without CUDA only warns and costs time
+    settings = config.process_settings()
+    if config.num_workers and (settings.worker_threads or settings.allocator != "glibc"):
+        kwargs["worker_init_fn"] = worker_init(settings, chain=user_worker_init)
+    elif user_worker_init is not None:
+        kwargs["worker_init_fn"] = user_worker_init
+    kwargs.update(passthrough)
+    if not kwargs.get("num_workers"):
+        for key in ("prefetch_factor", "persistent_workers", "multiprocessing_context"):
+            kwargs.pop(key, None)
+        kwargs.pop("timeout", None)
+    return DataLoader(dataset, **kwargs)
+
+
+def move_to(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+    """Move every tensor in a (nested) batch to ``device``."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, dict):
+        return {k: move_to(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        moved = [move_to(v, device, non_blocking) for v in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
+    return batch
+
+
+class DeviceConsumer:
+    """The default consumer: move the batch to the accelerator and wait for the copy.
+
+    Without CUDA there is nothing to move, and the loader alone is what is measured.
+    """
+
+    def __init__(self, pin_memory: bool):
+        self.cuda = torch.cuda.is_available()
+        self.non_blocking = pin_memory and self.cuda
+        self.device = torch.device("cuda") if self.cuda else None
+
+    def __call__(self, batch: Any) -> Any:
+        if not self.cuda:
+            return batch
+        moved = move_to(batch, self.device, self.non_blocking)
+        torch.cuda.synchronize()
+        return moved

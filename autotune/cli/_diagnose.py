@@ -1,0 +1,87 @@
+"""`autotune diagnose PATH[:NAME]`: where a loader's time goes, one table and a verdict in plain words.
+
+``--json`` prints one JSON object instead, stable for scripts (fields are only ever added)::
+
+    {
+      "schema": "autotune-diagnose", "version": 1,
+      "measurements": {                 # autotune.verdict.Measurements; seconds, bytes
+        "source", "length", "samples", "seed", "batch_size", "usable_cpus", "cuda",
+        "sample_cold", "sample_warm",   # dataset[i] per sample, files evicted / in the page cache
+        "read_cold", "read_warm",       # opening+reading its files per sample (null: no files seen)
+        "files", "file_bytes_per_sample", "fits_in_memory", "evicted",
+        "transform",                    # per sample (0 without one)
+        "collate", "batch_bytes", "sample_bytes",   # collate per batch; payload sizes
+        "transfer",                     # per batch, worker -> main process, extra over in-process
+        "pin", "h2d",                   # per batch; null without CUDA
+        "consumer", "consumer_kind", "consumer_on_cpu",  # per batch; null when nothing consumes
+        "notes": [str]
+      },
+      "verdict": {                      # autotune.verdict.Verdict
+        "bound": "consumer" | "loader",
+        "stage", "first_epoch_stage":   # "storage" | "decode" | "transform" | "collate" | "transfer" | null
+        "stages", "cold_stages": {stage: seconds per batch on one CPU}, "shares": {stage: 0..1},
+        "loader_cpus", "loader_batch", "loader_batch_cold",
+        "ceilings": {"no_stall", "prepared", "cold", "serial", "expected"},  # samples/s; null = unbounded
+        "summary": str, "explanation": [str], "helps": [str], "cannot_help": [str]
+      }
+    }
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from autotune.errors import AutotuneError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "diagnose",
+        help="measure where the loading time goes and say what can help",
+        description="Measure, on a seeded subset: dataset[i] cold and warm (file reading vs decode), "
+        "transform, collate, worker-to-main transfer, pinning (with CUDA) and the consumer alone; print "
+        "the ceilings they imply and a verdict: loader-bound or consumer-bound, and what can help.",
+    )
+    p.add_argument("target", metavar="PATH[:NAME]", help="Python file defining the dataset (NAME defaults to 'dataset')")
+    p.add_argument("--batch-size", type=int, help="batch size (default: the file's batch_size, else 32)")
+    p.add_argument("--samples", type=int, help="samples in the measured subset (default: 4 batches, at least 64)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the subset (default 0)")
+    p.add_argument("--json", action="store_true", help="print JSON (schema in `autotune diagnose` docs)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotune.diagnose._measure import diagnose, format_table, to_json
+    from autotune.dataset._userfile import load_user_file
+
+    for flag in ("batch_size", "samples"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise AutotuneError(f"--{flag.replace('_', '-')} must be a positive integer, but got {value}.")
+    spec = load_user_file(args.target, batch_size=args.batch_size)
+    m, v = diagnose(spec, samples=args.samples, seed=args.seed, progress=_progress())
+    _progress_done()
+    if args.json:
+        print(json.dumps(to_json(m, v), indent=2, allow_nan=False))
+    else:
+        print(format_table(m, v))
+    return 0
+
+
+def _progress():
+    if not sys.stderr.isatty():
+        return None
+
+    def say(text: str) -> None:
+        sys.stderr.write(f"\rautotune diagnose: {text}...\033[K")
+        sys.stderr.flush()
+
+    return say
+
+
+def _progress_done() -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()

@@ -1,0 +1,55 @@
+"""Command line entry point: parse, dispatch to one module per subcommand, turn errors into one line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from autotune.errors import AutotuneError
+
+# One module per subcommand in this package (_NAME.py); each has register(subparsers) and run(args) -> int.
+COMMANDS = ("search", "show", "check", "cache", "run", "validate", "diagnose", "report")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autotune",
+        description="Find the fastest PyTorch DataLoader recipe for a dataset on this machine.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"autotune.cli._{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"autotune.cli._{name}":
+                continue  # a subcommand not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # --debug is accepted anywhere before `--`, so `autotune search x.py --debug` works too, while
+    # `autotune run -- python train.py --debug` leaves it to the user's program.
+    cut = argv.index("--") if "--" in argv else len(argv)
+    debug = "--debug" in argv[:cut]
+    argv = [a for a in argv[:cut] if a != "--debug"] + argv[cut:]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.debug = debug
+    try:
+        return int(args.func(args) or 0)
+    except AutotuneError as exc:
+        if debug:
+            raise
+        print(f"autotune: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("autotune: interrupted", file=sys.stderr)
+        return 130
+
+

@@ -1,0 +1,35 @@
+"""`autotune report [autotune.json]`: a self-contained HTML report of the search (and PNGs with --png)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "report",
+        help="write an HTML report (and PNGs) of the search behind a recipe",
+        description="Write one self-contained HTML file: optimisation history, time per epoch by "
+        "num_workers and cache backend, memory by num_workers, the chosen recipe against the default and "
+        "the other finalists, cold against warm epoch, and the hardware. Needs matplotlib.",
+    )
+    p.add_argument("recipe", nargs="?", default="autotune.json", help="recipe file (default: autotune.json)")
+    p.add_argument("--output", "-o", default="report.html", help="HTML file to write (default: report.html)")
+    p.add_argument("--png", metavar="DIR", help="also write each plot as a PNG file in DIR")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotune.diagnose._report import build_report
+
+    result = build_report(args.recipe, args.output, args.png)
+    if result.profile_note:
+        print(f"note: {result.profile_note}")
+    if not result.study_opened:
+        print(f"note: {result.study_note}; the report shows what the recipe alone holds.")
+    print(f"Report written to {result.output}")
+    for path in result.pngs:
+        print(f"  {path}")
+    if result.dashboard_command:
+        print(f"Open the study in optuna-dashboard (pip install optuna-dashboard): {result.dashboard_command}")
+    return 0

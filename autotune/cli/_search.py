@@ -1,0 +1,140 @@
+"""`autotune search PATH[:NAME]`: tune, write the recipe, print a summary."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from autotune._duration import format_seconds, parse_duration
+from autotune.errors import AutotuneError
+
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+             "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+    raw = text.strip().lower().replace(" ", "")
+    number = raw.rstrip("kmgtib")
+    unit = raw[len(number):]
+    try:
+        value = float(number) * units[unit]
+    except (ValueError, KeyError):
+        raise AutotuneError(f"Memory size must look like 8G, 512M or 2GiB, but got {text!r}.") from None
+    if value <= 0:
+        raise AutotuneError(f"Memory size must be positive, but got {text!r}.")
+    return int(value)
+
+
+def parse_caches(text: str) -> tuple[str, ...]:
+    from autotune.caches import BACKENDS
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for name in names:
+        if name != "none" and name not in BACKENDS:
+            raise AutotuneError(f"Unknown cache backend {name!r}. Valid backends: none, {', '.join(BACKENDS)}.")
+    return names
+
+
+def add_search_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="PATH[:NAME]", help="Python file defining the dataset (NAME defaults to 'dataset')")
+    p.add_argument("--budget", default="2m", help="time budget for the whole search, e.g. 90s, 2m, 1h (default 2m)")
+    p.add_argument("--batch-size", type=int, help="batch size (default: the file's batch_size, else 32)")
+    p.add_argument("--epochs", type=int, help="epochs the recipe is optimised for (default: the file's, else 10)")
+    p.add_argument("--storage", help="Optuna storage URL (default: sqlite file under .autotune/)")
+    p.add_argument("--workdir", default=".autotune", help="where studies and caches live (default .autotune)")
+    p.add_argument("--caches", help="cache backends to consider, comma-separated, or 'none'")
+    p.add_argument("--max-memory", help="memory budget for a candidate, e.g. 8G (default 70%% of available)")
+    p.add_argument("--max-workers", type=int, help="upper bound of num_workers (default: usable CPUs)")
+    p.add_argument("--ranks-per-node", type=int, default=1, help="training processes sharing this machine")
+    p.add_argument("--data-dir", help="folder of the dataset's files, evicted for cold reads (default: the files "
+                   "dataset[i] opens)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("search", help="tune the DataLoader for a dataset file and write the recipe")
+    add_search_arguments(p)
+    p.add_argument("--output", "-o", default="autotune.json", help="recipe file (default autotune.json)")
+    p.add_argument("--validate", action="store_true",
+                   help="then run the recipe for real (a cold and a warm epoch) and print predicted vs measured")
+    p.set_defaults(func=run)
+
+
+def options_from(args: argparse.Namespace):
+    from autotune.tuner._study import SearchOptions
+
+    for flag in ("batch_size", "epochs", "max_workers"):
+        value = getattr(args, flag)
+        if value is not None and value < (0 if flag == "max_workers" else 1):
+            raise AutotuneError(f"--{flag.replace('_', '-')} must be a positive integer, but got {value}.")
+    if args.ranks_per_node < 1:
+        raise AutotuneError(f"--ranks-per-node must be at least 1, but got {args.ranks_per_node}.")
+    return SearchOptions(
+        budget=parse_duration(args.budget),
+        workdir=Path(args.workdir),
+        storage=args.storage,
+        seed=args.seed,
+        caches=parse_caches(args.caches) if args.caches else None,
+        max_memory=parse_size(args.max_memory) if args.max_memory else None,
+        max_workers=args.max_workers,
+        ranks_per_node=args.ranks_per_node,
+        progress=not args.no_progress,
+        data_dir=args.data_dir,
+    )
+
+
+def summary(recipe, outcome, output: str | None) -> str:
+    from autotune.machine._memory import format_bytes
+
+    m = recipe.profile.measured
+    lines = []
+    for note in outcome.notes:
+        lines.append(f"note: {note}")
+    if outcome.failed:
+        lines.append(f"{len(outcome.failed)} candidate(s) failed, e.g.: {outcome.failed[0]}")
+    lines.append(f"Best DataLoader settings ({'the plain default' if m['is_default'] else 'tuned'}):")
+    lines.append(f"  {recipe.config.describe()}")
+    ratio = m["epoch_seconds"] / m["default_epoch_seconds"]
+    lines.append(
+        f"  epoch: {format_seconds(m['epoch_seconds'])} vs {format_seconds(m['default_epoch_seconds'])} for the default "
+        f"(num_workers=0): {ratio:.2f}x the default's time"
+    )
+    lines.append(
+        f"  whole run ({recipe.profile.settings['epochs']} epochs"
+        f"{', cache build included' if recipe.config.cache else ''}): {format_seconds(m['total_seconds'])} vs "
+        f"{format_seconds(m['default_total_seconds'])}: {m['speedup']:.2f}x faster"
+    )
+    lines.append(f"  peak memory (main + workers, PSS): {format_bytes(m['peak_memory_bytes'])}")
+    sub = m["subset"]
+    scope = f"a seeded subset of {sub['measured']} of {sub['length']} samples, extrapolated" if sub["extrapolated"] \
+        else f"all {sub['length']} samples"
+    lines.append(f"  measured on {scope}; {m['trials']} trials ({m['pruned_trials']} pruned, "
+                 f"{m['failed_trials']} failed) in {format_seconds(m['search_seconds'])}")
+    if m["note"] and m["is_default"]:
+        lines.append(f"  {m['note']}")
+    if output:
+        lines.append(f"Recipe written to {output}; use it with autotune.dataloader(dataset, {str(output)!r}).")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotune._api import search_spec
+    from autotune.dataset._userfile import load_user_file
+
+    opts = options_from(args)
+    spec = load_user_file(args.target, batch_size=args.batch_size, epochs=args.epochs)
+    recipe, outcome = search_spec(spec, opts, args.output)
+    print(summary(recipe, outcome, args.output))
+    if args.validate:
+        print(validate_recipe(recipe, spec, args))
+    return 0
+
+
+def validate_recipe(recipe, spec, args) -> str:
+    """Run the recipe for real and store predicted against measured in the recipe file."""
+    from autotune.cli._validate import validate_spec
+
+    subset = recipe.profile.measured["subset"]
+    # A dataset too large to read whole during a search is validated on as many batches as a trial read.
+    max_batches = max(2, subset["measured"] // spec.batch_size) if subset["extrapolated"] else None
+    return validate_spec(recipe, spec, recipe_path=args.output, data_dir=args.data_dir, max_batches=max_batches)

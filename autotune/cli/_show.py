@@ -1,0 +1,199 @@
+"""`autotune show [autotune.json]`: every profile in the recipe file, readable, this machine's marked."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import textwrap
+from typing import Any
+
+from autotune.machine import _hardware as hardware
+from autotune.recipe._file import VERSION, Profile, RecipeFile
+
+WIDTH = 100
+_LABEL = 12  # column where values start, after "    label   "
+_INDENT = 4
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "show",
+        help="show the recipe file readably",
+        description="Show every profile in the recipe file: machine, dataset, DataLoader "
+        "settings, cache, and what was measured; this machine's profile is marked.",
+    )
+    p.add_argument("recipe", nargs="?", default="autotune.json", help="recipe file (default: autotune.json)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    rf = RecipeFile.read(args.recipe)
+    hw = hardware.collect()
+    print(render(rf, hw, str(args.recipe)))
+    return 0
+
+
+# ---------------------------------------------------------------------------- formatting
+
+
+def _seconds(s: Any) -> str | None:
+    if not isinstance(s, (int, float)) or isinstance(s, bool):
+        return None
+    if s >= 3600:
+        return f"{s / 3600:.1f} h"
+    if s >= 120:
+        return f"{s / 60:.1f} min"
+    if s >= 10:
+        return f"{s:.1f} s"
+    return f"{s:.2f} s"
+
+
+def _value(v: Any) -> str:
+    if v is None:
+        return "default"
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def _pairs(d: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_value(v)}" for k, v in d.items())
+
+
+def _speedup(m: dict[str, Any]) -> float | None:
+    s = m.get("speedup")
+    if isinstance(s, (int, float)) and not isinstance(s, bool):
+        return float(s)
+    e, d = m.get("epoch_seconds"), m.get("default_epoch_seconds")
+    if isinstance(e, (int, float)) and isinstance(d, (int, float)) and e > 0:
+        return d / e
+    return None
+
+
+def _subset(subset: Any, length: Any) -> str:
+    if not subset:
+        return "measured on the whole dataset"
+    if isinstance(subset, dict) and "measured" in subset:
+        if not subset.get("extrapolated"):
+            return f"measured on all {subset['measured']} samples"
+        return f"measured on a seeded subset of {subset['measured']} of {subset.get('length', length)} samples, extrapolated"
+    return f"measured on a subset ({subset}), extrapolated"
+
+
+def _process_command(p: Profile) -> str | None:
+    """The exact command that starts training with the recipe's process settings (issue 7)."""
+    from autotune.recipe._process import PRELOAD_ALLOCATORS, command_line
+
+    settings = p.config.process_settings()
+    if settings.allocator not in PRELOAD_ALLOCATORS:
+        return None  # applied at run time by autotune.dataloader: nothing to do at start
+    return f"{command_line(settings, ['python', 'train.py'])}   (or: autotune run -- python train.py)"
+
+
+def _rows(p: Profile) -> list[tuple[str, str]]:
+    rows: list[tuple[str, str]] = [("machine", hardware.describe(p.hardware))]
+    if p.hardware.get("shm_bytes") is not None:
+        rows[-1] = ("machine", rows[-1][1] + f", /dev/shm {hardware.format_bytes(p.hardware['shm_bytes'])}")
+
+    d, s = p.dataset, p.settings
+    ds = [str(d.get("source") or "unknown source")]
+    if d.get("length") is not None:
+        ds.append(f"{d['length']} samples")
+    if s.get("batch_size") is not None:
+        ds.append(f"batch {s['batch_size']}")
+    if s.get("epochs") is not None:
+        ds.append(f"{s['epochs']} epochs")
+    rows.append(("dataset", ", ".join(ds)))
+
+    c = p.config
+    rows.append(("loader", _pairs(c.loader_kwargs())))
+    rows.append(("threads", f"worker {_value(c.worker_threads)}, main {_value(c.main_threads)}"))
+    rows.append(("process", f"allocator={c.allocator}"))
+    command = _process_command(p)
+    if command:
+        rows.append(("start with", command))
+    rows.append(("cache", c.cache or "none"))
+
+    m = p.measured
+    epoch, default = _seconds(m.get("epoch_seconds")), _seconds(m.get("default_epoch_seconds"))
+    if epoch:
+        text = f"{epoch} per epoch"
+        if default:
+            text += f" vs {default} for the default (num_workers=0)"
+        speed = _speedup(m)
+        first = _seconds(m.get("first_epoch_seconds"))
+        if first:
+            text += f"; first epoch {first}"
+        rows.append(("predicted", text))
+    total, dtotal = _seconds(m.get("total_seconds")), _seconds(m.get("default_total_seconds"))
+    if total:
+        text = f"{total} in all" + (f" vs {dtotal} for the default" if dtotal else "")
+        speed = _speedup(m)
+        if speed is not None:
+            text += f": {speed:.2f}x as fast"
+        rows.append(("total", text))
+    if m.get("is_default"):
+        rows.append(("verdict", "the plain default was fastest here; the recipe is the default"))
+    if m.get("peak_memory_bytes") is not None:
+        rows.append(("memory", f"peak {hardware.format_bytes(m['peak_memory_bytes'])} (main + workers)"))
+    trials = []
+    if m.get("trials") is not None:
+        trials.append(f"{m['trials']} trials" + (f" ({m['failed_trials']} failed)" if m.get("failed_trials") else ""))
+    trials.append(_subset(m.get("subset"), d.get("length")))
+    rows.append(("search", ", ".join(trials)))
+    if m.get("note"):
+        rows.append(("note", str(m["note"])))
+    rows.append(("created", f"{p.created or 'unknown'} by autotune {p.autotune_version}"))
+    return rows
+
+
+def _wrap(label: str, text: str) -> list[str]:
+    """Label, then the text wrapped at WIDTH, breaking after ", " / "; " / ": " where it can (so
+    "3.10 s" or "1.8 GiB" stay whole), inside a part only when the part alone is too long."""
+    head = " " * _INDENT + label.ljust(_LABEL)
+    pad = " " * len(head)
+    room = WIDTH - len(head)
+    lines: list[str] = []
+    current = ""
+    for part in re.split(r"(?<=[,;:]) ", text):
+        candidate = f"{current} {part}" if current else part
+        if len(candidate) <= room:
+            current = candidate
+            continue
+        if current:
+            lines.append(current)
+        if len(part) <= room:
+            current = part
+        else:
+            pieces = textwrap.wrap(part, width=room, break_on_hyphens=False) or [""]
+            lines.extend(pieces[:-1])
+            current = pieces[-1]
+    lines.append(current)
+    return [(head if i == 0 else pad) + line for i, line in enumerate(lines)]
+
+
+def render(rf: RecipeFile, hw: dict[str, Any], name: str = "autotune.json") -> str:
+    """The whole table as text, no line longer than ``WIDTH``."""
+    here = hw.get("fingerprint") or hardware.fingerprint(hw)
+    count = len(rf.profiles)
+    lines = textwrap.wrap(
+        f"{count} profile{'s' if count != 1 else ''} (format version {VERSION}) in {name}",
+        width=WIDTH,
+        break_on_hyphens=False,
+    )
+    for fp, p in rf.profiles.items():
+        lines.append("")
+        mark = "*" if fp == here else " "
+        lines.append(f"{mark} {fp}" + ("  <- this machine" if fp == here else ""))
+        for label, text in _rows(p):
+            lines.extend(_wrap(label, text))
+    lines.append("")
+    if here in rf.profiles:
+        lines.append(f"* marks this machine's profile ({here}).")
+    else:
+        lines.extend(
+            textwrap.wrap(
+                f"No profile matches this machine ({here}: {hardware.describe(hw)}); "
+                f"`autotune check {name}` says what changed.",
+                width=WIDTH,
+            )
+        )
+    return "\n".join(lines)

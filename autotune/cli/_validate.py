@@ -1,0 +1,103 @@
+"""`autotune validate PATH[:NAME]`: run the recipe for real and print predicted against measured.
+
+A cold first epoch (the dataset's files evicted from the page cache first) and a warm one, each
+bounded by ``--max-batches`` for a large dataset and then extrapolated as the search does; the result
+is stored in this machine's profile under ``measured["validation"]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from autotune._duration import format_seconds
+from autotune.errors import AutotuneError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("validate", help="run the recipe for real: predicted against measured epoch times",
+                       description="Run the recipe over the dataset: a cold first epoch and a warm one; print "
+                       "predicted against measured with the error in percent, and store it in the recipe.")
+    p.add_argument("target", metavar="PATH[:NAME]", help="Python file defining the dataset (NAME defaults to 'dataset')")
+    p.add_argument("--recipe", default="autotune.json", help="recipe file (default autotune.json)")
+    p.add_argument("--max-batches", type=int, help="measure at most this many batches per epoch, then extrapolate")
+    p.add_argument("--epochs", type=int, default=2, help="epochs to run: the cold first and warm ones (default 2)")
+    p.add_argument("--batch-size", type=int, help="batch size (default: the recipe's)")
+    p.add_argument("--data-dir", help="folder of the dataset's files to evict (default: found from what it opens)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the shuffle (default 0)")
+    p.add_argument("--no-store", action="store_true", help="do not write the result into the recipe file")
+    p.set_defaults(func=run)
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.1f}%"
+
+
+def _secs(value: float | None) -> str:
+    return "n/a" if value is None else format_seconds(value)
+
+
+def _fraction(value: float | None) -> str:
+    return "unknown" if value is None else f"{100 * value:.0f}%"
+
+
+def summary(v, recipe_path: str, stored: bool) -> str:
+    lines = []
+    for note in v.notes:
+        lines.append(f"note: {note}")
+    settings = ", ".join(f"{k}={val!r}" for k, val in v.loader.items())
+    lines.append(f"Validated {settings or 'the recipe'} (batch_size={v.batch_size}, seed {v.seed})")
+    if v.extrapolated:
+        lines.append(f"  measured {v.batches_measured} of {v.full_batches} batches per epoch, extrapolated to the "
+                     "whole epoch as the search does")
+    else:
+        lines.append(f"  measured whole epochs of {v.full_batches} batches")
+    e = v.eviction
+    if e is not None:
+        verdict = "worked" if e.effective else "did NOT work"
+        lines.append(f"  eviction {verdict}: {e.files} file(s), {e.bytes / (1 << 20):.1f} MiB (found by: "
+                     f"{v.files_found_by}); resident {_fraction(e.resident_before)} before, "
+                     f"{_fraction(e.resident_after)} after" + (f"; {e.note}" if e.note else ""))
+    lines.append(f"  {'':22}{'predicted':>12}{'measured':>12}{'error':>10}")
+    lines.append(f"  {'first epoch (cold)':22}{_secs(v.predicted_first_epoch_seconds):>12}"
+                 f"{_secs(v.measured_first_epoch_seconds):>12}{_pct(v.first_epoch_error_percent):>10}")
+    lines.append(f"  {'later epoch (warm)':22}{_secs(v.predicted_epoch_seconds):>12}"
+                 f"{_secs(v.measured_epoch_seconds):>12}{_pct(v.epoch_error_percent):>10}")
+    if v.predicted_build_seconds or v.measured_build_seconds >= 0.5:
+        lines.append(f"  {'loader and cache':22}{_secs(v.predicted_build_seconds):>12}{_secs(v.measured_build_seconds):>12}")
+    lines.append("  error = (measured - predicted) / predicted: positive when the run took longer than promised")
+    if stored:
+        lines.append(f"Stored in {recipe_path} under this profile's measured[\"validation\"].")
+    return "\n".join(lines)
+
+
+def validate_spec(recipe, spec, *, recipe_path: str | None, data_dir: str | None = None,
+                  max_batches: int | None = None, epochs: int = 2, seed: int = 0) -> str:
+    """Run ``recipe`` for real on the dataset file's spec, store the result when given a recipe path, and
+    return the summary to print (shared by `autotune validate` and `autotune search --validate`)."""
+    from autotune.machine._evict import files_under
+    from autotune.recipe._validate import store, validate
+
+    result = validate(recipe, spec.dataset, transform=spec.transform, train_step=spec.train_step,
+                      collate_fn=spec.collate_fn, batch_size=spec.batch_size,
+                      evict_paths=files_under(data_dir) if data_dir else None,
+                      max_batches=max_batches, epochs=epochs, seed=seed)
+    if recipe_path:
+        store(recipe_path, result)
+    return summary(result, recipe_path, bool(recipe_path))
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotune._api import load
+    from autotune.dataset._userfile import load_user_file
+
+    if args.max_batches is not None and args.max_batches < 2:
+        raise AutotuneError(f"--max-batches must be at least 2, but got {args.max_batches}.")
+    if args.epochs < 2:
+        raise AutotuneError(f"--epochs must be at least 2 (a cold and a warm epoch), but got {args.epochs}.")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise AutotuneError(f"--batch-size must be a positive integer, but got {args.batch_size}.")
+    recipe = load(args.recipe)
+    spec = load_user_file(args.target, batch_size=args.batch_size or recipe.profile.settings.get("batch_size"))
+    print(validate_spec(recipe, spec, recipe_path=None if args.no_store else args.recipe, data_dir=args.data_dir,
+                        max_batches=args.max_batches, epochs=args.epochs, seed=args.seed))
+    return 0

@@ -1,1 +1,0 @@
-"""One module per `autotune` subcommand: register(subparsers) adds it, run(args) -> exit status."""

@@ -1,0 +1,191 @@
+"""One loader configuration, and every rule about it, stated once.
+
+A ``LoaderConfig`` is what a search tries, what a recipe stores and what the factory applies: the
+DataLoader keywords autotune tunes, the per-process settings (allocator, thread counts) and the sample
+cache. Every other form it takes is a conversion from here:
+
+=========================  ==============================================================
+form                       conversion
+=========================  ==============================================================
+DataLoader keywords        ``loader_kwargs()``
+Optuna parameters          ``autotune.tuner._space.Space`` (draws through ``LoaderConfig``)
+recipe JSON                ``to_json()`` / ``from_json()`` (validated: types and bounds)
+process settings           ``process_settings()`` (allocator, threads; ``autotune run``)
+=========================  ==============================================================
+
+The validity rules (docs/architecture.md, "Loader configuration rules"):
+
+1. ``prefetch_factor``, ``persistent_workers``, ``multiprocessing_context`` and ``worker_threads``
+   only mean something with workers; with ``num_workers=0`` they must be left unset (DataLoader
+   itself raises for the first two).
+2. One loader, one spelling: with workers, ``prefetch_factor`` unset means DataLoader's default,
+   ``DEFAULT_PREFETCH``, and is stored as that number; ``worker_threads=1`` is what DataLoader
+   already gives each worker, and is stored as unset.
+3. A forked worker keeps one intra-op thread: GNU OpenMP is not fork-safe once the parent has run a
+   parallel region (the child hangs in its first one), so ``worker_threads > 1`` needs spawn or
+   forkserver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from autotune.errors import RecipeError
+
+DEFAULT_PREFETCH = 2  # DataLoader's own default with workers
+CONTEXTS = ("fork", "forkserver", "spawn")
+CACHES = ("memory", "pickle", "hdf5", "lmdb")
+ALLOCATORS = ("glibc", "glibc-tuned", "tcmalloc", "jemalloc")
+WORKER_ONLY = ("prefetch_factor", "persistent_workers", "multiprocessing_context", "worker_threads")
+MAX_WORKERS = 1024
+MAX_PREFETCH = 1024
+MAX_THREADS = 4096
+
+
+class ConfigError(ValueError):
+    """A loader configuration breaks one of the rules above; the message names the rule and the value."""
+
+
+def _check_int(name: str, value: Any, low: int, high: int, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{name} must be an integer from {low} to {high}, but got {value!r}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...], *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if value not in choices:
+        allowed = ", ".join(choices) + (" or null" if optional else "")
+        raise ConfigError(f"{name} must be one of {allowed}, but got {value!r}")
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Everything autotune tunes about one loader. Construct it and the rules hold, or ConfigError."""
+
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    pin_memory: bool = False
+    multiprocessing_context: str | None = None
+    worker_threads: int | None = None  # torch.set_num_threads in each worker; None: torch's choice (1)
+    main_threads: int | None = None  # torch.set_num_threads in the training process; None: torch's
+    cache: str | None = None  # a cache backend, None for none
+    allocator: str = "glibc"
+
+    def __post_init__(self) -> None:
+        _check_int("num_workers", self.num_workers, 0, MAX_WORKERS, optional=False)
+        _check_int("prefetch_factor", self.prefetch_factor, 1, MAX_PREFETCH, optional=True)
+        _check_int("worker_threads", self.worker_threads, 1, MAX_THREADS, optional=True)
+        _check_int("main_threads", self.main_threads, 1, MAX_THREADS, optional=True)
+        for name in ("persistent_workers", "pin_memory"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be true or false, but got {getattr(self, name)!r}")
+        _check_choice("multiprocessing_context", self.multiprocessing_context, CONTEXTS, optional=True)
+        _check_choice("cache", self.cache, CACHES, optional=True)
+        _check_choice("allocator", self.allocator, ALLOCATORS, optional=False)
+        if not self.num_workers:  # rule 1
+            set_ = [k for k in WORKER_ONLY if getattr(self, k) not in (None, False)]
+            if set_:
+                raise ConfigError(f"{', '.join(set_)} need num_workers > 0, but num_workers=0")
+        elif self.prefetch_factor is None:  # rule 2
+            object.__setattr__(self, "prefetch_factor", DEFAULT_PREFETCH)
+        if self.worker_threads == 1:  # rule 2
+            object.__setattr__(self, "worker_threads", None)
+        if not fork_allows_threads(self.multiprocessing_context, self.worker_threads):  # rule 3
+            raise ConfigError(
+                f"forked workers must keep one intra-op thread (OpenMP is not fork-safe), but got "
+                f"worker_threads={self.worker_threads}; use spawn or forkserver for more"
+            )
+
+    @classmethod
+    def fitted(cls, **values: Any) -> LoaderConfig:
+        """A configuration from values that may break rules 1 and 3 (a recipe's worker settings under a
+        caller's ``num_workers=0``): what cannot apply is dropped instead of refused."""
+        if not values.get("num_workers"):
+            for key in WORKER_ONLY:
+                values[key] = False if key == "persistent_workers" else None
+        if not fork_allows_threads(values.get("multiprocessing_context"), values.get("worker_threads")):
+            values["worker_threads"] = None
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> LoaderConfig:
+        """A copy with ``changes``, fitted to the rules (see ``fitted``)."""
+        return LoaderConfig.fitted(**{**self.to_json(), **changes})
+
+    # ------------------------------------------------------------------ conversions
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """The DataLoader keyword arguments (never batch_size, sampler or collate_fn: those are the user's)."""
+        kwargs: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
+        if self.num_workers:
+            kwargs["prefetch_factor"] = self.prefetch_factor
+            kwargs["persistent_workers"] = self.persistent_workers
+            if self.multiprocessing_context:
+                kwargs["multiprocessing_context"] = self.multiprocessing_context
+        return kwargs
+
+    def to_json(self) -> dict[str, Any]:
+        """The recipe's ``"config"`` object."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> LoaderConfig:
+        """From a recipe's ``"config"`` object: unknown keys are refused, every value is checked.
+        Raises RecipeError naming the problem (a hand-edited or hostile file)."""
+        if not isinstance(data, Mapping):
+            raise RecipeError(f"a profile's 'config' must be an object, but got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(str(k) for k in data if k not in known)
+        if unknown:
+            raise RecipeError(f"a profile's 'config' has unknown keys {', '.join(map(repr, unknown))}")
+        try:
+            return cls(**dict(data))
+        except ConfigError as exc:
+            raise RecipeError(f"a profile's 'config' is invalid: {exc}") from None
+
+    def key(self) -> str:
+        """A stable text identity (the same configuration always gives the same key)."""
+        return ",".join(f"{k}={v!r}" for k, v in sorted(self.to_json().items()))
+
+    def process_settings(self) -> Any:
+        """The process-level part: allocator and thread counts (``autotune.recipe._process``)."""
+        from autotune.recipe._process import ProcessSettings
+
+        return ProcessSettings(allocator=self.allocator, main_threads=self.main_threads,
+                               worker_threads=self.worker_threads)
+
+    def describe(self) -> str:
+        """One readable line: the loader keywords, then threads, cache and allocator where set."""
+        parts = [f"num_workers={self.num_workers}"]
+        if self.num_workers:
+            parts += [
+                f"prefetch_factor={self.prefetch_factor}",
+                f"persistent_workers={self.persistent_workers}",
+                f"context={self.multiprocessing_context or 'default'}",
+            ]
+            if self.worker_threads:
+                parts.append(f"worker_threads={self.worker_threads}")
+        if self.pin_memory:
+            parts.append("pin_memory=True")
+        if self.main_threads:
+            parts.append(f"main_threads={self.main_threads}")
+        parts.append(f"cache={self.cache or 'none'}")
+        if self.allocator != "glibc":
+            parts.append(f"allocator={self.allocator}")
+        return ", ".join(parts)
+
+
+def fork_allows_threads(context: str | None, worker_threads: int | None) -> bool:
+    """Rule 3: forked workers keep one intra-op thread (no context: the platform's default method)."""
+    if (worker_threads or 1) == 1:
+        return True
+    return (context or multiprocessing.get_context().get_start_method()) != "fork"
+
+
+DEFAULT = LoaderConfig()

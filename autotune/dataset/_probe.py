@@ -1,0 +1,59 @@
+"""First look at a dataset before any candidate runs: cost and size of a sample, determinism, identity."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from torch.utils.data import default_collate
+
+from autotune.machine._shm import batch_bytes
+from autotune.dataset._userfile import UserSpec, read_sample
+
+
+@dataclass(frozen=True)
+class Probe:
+    length: int
+    sample_seconds: float  # dataset[i] + transform, median over the probe, in this process
+    sample_bytes: float  # payload bytes of one sample before transform (what a cache stores)
+    batch_bytes: int  # tensor bytes of one collated batch, scaled from the probed samples (the /dev/shm rule)
+    deterministic: bool
+    determinism_note: str
+    fingerprint: str
+
+
+def probe_indices(length: int, count: int, seed: int = 0) -> list[int]:
+    rng = np.random.default_rng(seed)
+    count = min(count, length)
+    return sorted(int(i) for i in rng.choice(length, size=count, replace=False))
+
+
+def probe_dataset(spec: UserSpec, count: int = 8, seed: int = 0) -> Probe:
+    """Read a few seeded indices; every failure of ``dataset[i]`` names the index (DatasetError)."""
+    from autotune.caches._codec import sample_nbytes
+    from autotune.dataset._determinism import check_deterministic
+    from autotune.dataset._fingerprint import dataset_fingerprint
+
+    dataset = spec.dataset
+    length = len(dataset)
+    seconds, sizes, ready = [], [], []
+    for index in probe_indices(length, count, seed):
+        start = time.perf_counter()
+        sample = read_sample(dataset, index)
+        transformed = spec.transform(sample) if spec.transform is not None else sample
+        seconds.append(time.perf_counter() - start)
+        sizes.append(sample_nbytes(sample))
+        ready.append(transformed)
+    # What a worker puts in shared memory per batch, from the samples already read rather than a batch more.
+    per_sample = batch_bytes((spec.collate_fn or default_collate)(ready)) / len(ready)
+    deterministic, note = check_deterministic(dataset, probe=3, seed=seed)
+    return Probe(
+        length=length,
+        sample_seconds=float(np.median(seconds)),
+        sample_bytes=float(np.mean(sizes)),
+        batch_bytes=int(per_sample * spec.batch_size),
+        deterministic=deterministic,
+        determinism_note=note,
+        fingerprint=dataset_fingerprint(dataset, spec.source_text),
+    )

@@ -1,0 +1,166 @@
+"""Recipe -> DataLoader: the tuned settings, the caller's overrides, and a report of where each came from.
+
+Order of precedence, resolved here and nowhere else: caller's keyword > recipe > DataLoader's default.
+The caller's batch composition (collate_fn, shuffle, sampler, batch_sampler, drop_last, generator)
+always passes through untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from torch.utils.data import DataLoader
+
+from autotune.machine._cpus import build_workers
+from autotune.errors import AutotuneError
+from autotune._loader import Transformed, make_loader
+from autotune.recipe._process import apply_at_runtime
+from autotune.config import WORKER_ONLY as _WORKER_ONLY
+from autotune.config import ConfigError, LoaderConfig
+
+log = logging.getLogger("autotune")
+
+TUNED_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "multiprocessing_context")
+WORKER_ONLY = tuple(k for k in _WORKER_ONLY if k in TUNED_KEYS)
+_UNSET: Any = object()
+_said: set[str] = set()  # what could not be applied is said once per process, not once per loader
+
+
+@dataclass
+class Resolution:
+    """The settings a loader was built with, where each came from, and what was applied to the process."""
+
+    settings: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    applied: list[str] = field(default_factory=list)
+    not_applied: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={self.settings[k]!r} ({self.sources[k]})" for k in self.settings)
+
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+
+
+def _caller_stacklevel() -> int:
+    """The warnings stacklevel of the first frame outside autotune, so a warning points at the user's line."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        level += 1
+        frame = frame.f_back
+    return level
+
+
+def _resolve(profile: Any, overrides: dict[str, Any], cache: Any) -> tuple[LoaderConfig, Resolution]:
+    """The configuration to build: the caller's keywords over the recipe's. A caller's worker-only
+    keyword with no workers is refused (as DataLoader would); the recipe's is dropped."""
+    base: LoaderConfig = profile.config
+    res = Resolution()
+    values = base.to_json()
+    for key in TUNED_KEYS:
+        if key in overrides:
+            values[key], res.sources[key] = overrides.pop(key), "caller"
+        else:
+            res.sources[key] = "recipe"
+    if cache is not _UNSET:
+        values["cache"] = cache
+    res.sources["cache"] = "recipe" if cache is _UNSET else "caller"
+    if not values["num_workers"]:
+        for key in WORKER_ONLY:
+            if res.sources.get(key) == "caller" and values[key] not in (None, False):
+                raise AutotuneError(f"{key} needs num_workers > 0, but num_workers=0 was chosen.")
+            if key in res.sources:
+                res.sources[key] = "not used without workers"
+    try:
+        config = LoaderConfig.fitted(**values)
+    except ConfigError as exc:
+        raise AutotuneError(f"Cannot build the DataLoader: {exc}.") from None
+    res.settings = {k: getattr(config, k) for k in (*TUNED_KEYS, "cache")}
+    return config, res
+
+
+def cache_manifest(dataset: Any, source: str | None) -> dict[str, Any]:
+    """The identity a full cache is stored under: a stable key from the dataset's source (so a changed
+    dataset replaces its old cache) and a fingerprint of the data itself (so a changed one is rebuilt)."""
+    from autotune.dataset._fingerprint import dataset_fingerprint
+
+    text = None
+    if source and not source.startswith("<"):
+        path = Path(source.rpartition(":")[0] or source)
+        text = path.read_text(errors="replace") if path.is_file() else None
+    key = source if source and not source.startswith("<") else type(dataset).__name__
+    return {"key": key, "fingerprint": dataset_fingerprint(dataset, text)}
+
+
+def cache_location(profile: Any, dataset: Any, cache_dir: str | Path | None = None) -> Path | None:
+    """Where the factory keeps the recipe's disk cache for ``dataset`` (None: memory or no cache)."""
+    from autotune import caches
+
+    backend = profile.config.cache
+    if backend in (None, "memory"):
+        return None
+    root = Path(cache_dir) if cache_dir is not None else caches.DEFAULT_ROOT
+    manifest = caches.expected_manifest(cache_manifest(dataset, profile.dataset.get("source")), range(len(dataset)))
+    return caches.cache_path(backend, root, manifest)
+
+
+def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | Path | None, progress: bool,
+                   workers: int) -> Any:
+    from autotune import caches
+
+    root = Path(cache_dir) if cache_dir is not None else caches.DEFAULT_ROOT
+    manifest = cache_manifest(dataset, profile.dataset.get("source"))
+    return caches.open_or_build(backend, dataset, root=root, manifest=manifest, progress=progress, workers=workers)
+
+
+def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = None, cache: Any = _UNSET,
+                 cache_dir: str | Path | None = None, apply_process_settings: bool = True,
+                 progress: bool = True, **overrides: Any) -> DataLoader:
+    """A DataLoader over ``dataset`` with the profile's settings; see the module docstring for precedence."""
+    tuned_batch = (profile.settings or {}).get("batch_size")
+    if "batch_sampler" not in overrides:
+        overrides.setdefault("batch_size", tuned_batch or 1)
+    elif tuned_batch:
+        log.info("batch_sampler given: the recipe's batch_size %s is not used", tuned_batch)
+    if tuned_batch and overrides.get("batch_size", tuned_batch) != tuned_batch:
+        warnings.warn(
+            f"The recipe was tuned for batch_size={tuned_batch}, but batch_size={overrides['batch_size']} was "
+            "passed; the tuned settings may not be the fastest for it. Re-tune with --batch-size.",
+            stacklevel=_caller_stacklevel(),
+        )
+    if (profile.measured or {}).get("has_transform") and transform is None:
+        warnings.warn("The recipe was tuned with a per-sample transform; pass transform=... so the loader "
+                      "applies it after the cache, every epoch.", stacklevel=_caller_stacklevel())
+    config, res = _resolve(profile, overrides, cache)
+    user_init = overrides.pop("worker_init_fn", None)
+    if config.cache:
+        from autotune.caches._gather import cached_source
+
+        source = _cached_source(dataset, config.cache, profile, cache_dir, progress, build_workers())
+        data, collate_fn = cached_source(source, transform, overrides.get("collate_fn"))
+        if collate_fn is not None:
+            overrides["collate_fn"] = collate_fn
+    else:
+        data = Transformed(dataset, transform) if transform is not None else dataset
+    if apply_process_settings:
+        applied = apply_at_runtime(replace(config.process_settings(), worker_threads=None))
+        res.applied, res.not_applied = applied.applied, applied.not_applied
+        if config.num_workers and (config.worker_threads or config.allocator != "glibc"):
+            res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
+    else:
+        config = config.replace(allocator="glibc", main_threads=None, worker_threads=None)
+    loader = make_loader(data, config, user_worker_init=user_init, **overrides)
+    loader.autotune = res
+    log.info("autotune DataLoader: %s", res.describe())
+    for line in res.applied:
+        log.info("autotune applied: %s", line)
+    for line in res.not_applied:
+        if line not in _said:
+            _said.add(line)
+            warnings.warn(f"autotune could not apply: {line}", stacklevel=_caller_stacklevel())
+    return loader

@@ -1,0 +1,90 @@
+"""Which values of each knob this machine and this dataset allow, with a reason for each left out."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from autotune.machine._memory import format_bytes
+from autotune.dataset._probe import Probe
+from autotune.tuner._space import Space, start_methods
+
+
+@dataclass
+class Limits:
+    usable_cpus: int
+    memory_budget: int
+    disk_free: int
+    max_workers: int | None = None
+    caches: tuple[str, ...] | None = None  # the user's --caches; None means every backend
+    allocators: tuple[str, ...] | None = None
+    stateful: bool = False  # per-epoch state that persistent workers would freeze
+    notes: list[str] = field(default_factory=list)
+
+
+def disk_free(folder: Path) -> int:
+    folder.mkdir(parents=True, exist_ok=True)
+    return shutil.disk_usage(folder).free
+
+
+def cache_choices(probe: Probe, limits: Limits) -> tuple[str | None, ...]:
+    """None (no cache) plus every backend whose estimated need fits, each exclusion noted."""
+    if limits.caches is not None and not [c for c in limits.caches if c != "none"]:
+        return (None,)
+    from autotune.caches import BACKENDS, estimate_need
+
+    wanted = BACKENDS if limits.caches is None else tuple(c for c in limits.caches if c != "none")
+    if not probe.deterministic:
+        limits.notes.append(f"caches left out: {probe.determinism_note}")
+        return (None,)
+    choices: list[str | None] = [None]
+    for name in wanted:
+        ram, disk = estimate_need(name, probe.sample_bytes, probe.length)
+        if ram > limits.memory_budget:
+            limits.notes.append(
+                f"cache {name} left out: needs ~{format_bytes(ram)} of RAM, over the budget of "
+                f"{format_bytes(limits.memory_budget)} (--max-memory)"
+            )
+        elif disk > limits.disk_free * 0.9:
+            limits.notes.append(
+                f"cache {name} left out: needs ~{format_bytes(disk)} of disk, {format_bytes(limits.disk_free)} free"
+            )
+        else:
+            choices.append(name)
+    return tuple(choices)
+
+
+def allocator_choices(limits: Limits) -> tuple[str, ...]:
+    from autotune.recipe._allocator import ALLOCATORS, availability
+
+    wanted = ALLOCATORS if limits.allocators is None else limits.allocators
+    have = availability()
+    out = []
+    for name in wanted:
+        if have.get(name) is None:
+            out.append(name)
+        else:
+            limits.notes.append(f"allocator {name} left out: {have[name]}")
+    return tuple(out) or ("glibc",)
+
+
+def build_space(probe: Probe, limits: Limits) -> Space:
+    cpus = max(1, limits.usable_cpus)
+    max_workers = limits.max_workers if limits.max_workers is not None else cpus
+    threads = tuple(range(1, cpus + 1))
+    # The main process's intra-op threads matter with or without a train_step: decode and collate run
+    # there with num_workers=0, and its OpenMP threads compete with the workers for the same cores.
+    main_threads = (None, *threads) if cpus > 1 else ()
+    return Space(
+        max_workers=max_workers,
+        contexts=start_methods(),
+        cuda=torch.cuda.is_available(),
+        worker_threads=threads,
+        main_threads=main_threads,
+        persistent=(False,) if limits.stateful else (False, True),
+        caches=cache_choices(probe, limits),
+        allocators=allocator_choices(limits),
+    )

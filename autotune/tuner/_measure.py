@@ -1,0 +1,198 @@
+"""Measure one candidate, inside the trial's own process: real DataLoader, real workers, real consumer.
+
+Only measures. Timing runs are kept free of memory sampling: memory is read once at the end of each
+epoch, with the clock stopped, while the workers are still alive.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from autotune._loader import DeviceConsumer, Transformed, make_loader
+from autotune.machine._memory import tree_pss
+from autotune.recipe._process import apply_at_runtime
+from autotune.tuner._predict import HEAD, EpochTiming, predict
+from autotune.config import LoaderConfig
+
+
+@dataclass
+class Workload:
+    """What the user trains with: everything a trial needs, picklable into the trial process."""
+
+    dataset: Any
+    batch_size: int
+    epochs: int
+    collate_fn: Callable | None = None
+    transform: Callable | None = None
+    train_step: Callable | None = None
+    fingerprint: str = ""
+
+
+@dataclass
+class Plan:
+    """How a trial measures: on which indices, how many epochs, with what safety limits."""
+
+    indices: list[int]
+    length: int
+    seed: int = 0
+    epochs_measured: int = 2
+    batch_timeout: float = 120.0
+    cache_root: str | None = None
+    build_workers: int = 0  # processes decoding in parallel while a cache is built
+    # Source files evicted from the page cache before the first epoch (and every epoch when the data
+    # cannot stay cached), so the first epoch is measured cold, as the user's first epoch will be.
+    files: tuple[str, ...] = ()
+    cold_every_epoch: bool = False
+    sample_memory: bool = True
+
+
+# Progress of a running trial: (step, predicted total seconds so far), so a pruner can stop it early.
+Report = Callable[[int, float], None]
+
+
+def _consumer(workload: Workload, config: LoaderConfig) -> Callable[[Any], Any]:
+    return workload.train_step if workload.train_step is not None else DeviceConsumer(config.pin_memory)
+
+
+def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, float, Callable | None]:
+    """The dataset the loader reads, the seconds spent building its cache (on the subset), the collate."""
+    if config.cache is None:
+        return Transformed(workload.dataset, workload.transform, plan.indices), 0.0, workload.collate_fn
+    from autotune import caches  # the cache family is only needed by caching candidates
+
+    backend = caches.get_backend(config.cache)
+    # The runner gives each trial its own folder and removes it afterwards, even when it kills the trial.
+    root = plan.cache_root or tempfile.mkdtemp(prefix="autotune-trial-")
+    manifest = {"dataset": workload.fingerprint, "trial": True}
+    start = time.perf_counter()
+    built = backend.build(workload.dataset, plan.indices, os.path.join(root, config.cache), manifest=manifest,
+                          progress=False, workers=plan.build_workers)
+    build_seconds = time.perf_counter() - start
+    from autotune.caches._gather import cached_source
+
+    dataset, collate_fn = cached_source(built, workload.transform, workload.collate_fn)
+    return dataset, build_seconds, collate_fn
+
+
+class TrialStopped(Exception):
+    """The search asked this trial to stop (pruned): unwind normally so the workers shut down cleanly."""
+
+
+def _evict(plan: Plan) -> dict | None:
+    if not plan.files:
+        return None
+    from autotune.machine._evict import evict
+
+    return evict(plan.files).to_dict()
+
+
+def timed_epoch(loader: Any, consume: Callable, *, sample_memory: bool = False,
+                on_batch: Callable[[int, float, float], None] | None = None,
+                should_stop: Callable[[], bool] | None = None) -> tuple[EpochTiming, int]:
+    """Time one epoch under the consumer; returns its timing and the memory read at its end (0 when not
+    sampled). ``on_batch(count, elapsed, first_batch)`` sees progress; ``should_stop`` can end it early."""
+    expected = len(loader)
+    start = time.perf_counter()
+    iterator = iter(loader)
+    first = None
+    head = None
+    count = 0
+    memory = 0
+    for batch in iterator:
+        consume(batch)
+        count += 1
+        now = time.perf_counter()
+        if first is None:
+            first = now - start
+        if count == HEAD:
+            head = now - start
+        if on_batch is not None:
+            on_batch(count, now - start, first)
+        if should_stop is not None and should_stop():
+            raise TrialStopped
+        if count == expected:
+            elapsed = now - start
+            if sample_memory:
+                memory = tree_pss()  # clock already stopped; workers still alive
+            for _ in iterator:  # let the iterator finish its own shutdown, outside the clock
+                pass
+            break
+    else:
+        elapsed = time.perf_counter() - start
+    del iterator
+    return EpochTiming(seconds=elapsed, first_batch=first or elapsed, batches=max(count, 1), head_seconds=head), memory
+
+
+def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report | None = None,
+            should_stop: Callable[[], bool] | None = None) -> dict:
+    """Run ``plan.epochs_measured`` epochs of ``config`` over the plan's indices; return the figures.
+
+    Process settings (allocator, thread counts) are applied to this process: call it in a fresh one.
+    """
+    applied = apply_at_runtime(config.process_settings())
+    evictions = [_evict(plan)]  # before the cache build too: it reads the source files
+    dataset, build_seconds, collate_fn = _source(workload, config, plan)
+    generator = torch.Generator().manual_seed(plan.seed)
+    loader = make_loader(
+        dataset, config, batch_size=workload.batch_size, shuffle=True,
+        generator=generator, collate_fn=collate_fn,
+        **({"timeout": plan.batch_timeout} if config.num_workers else {}),
+    )
+    consume = _consumer(workload, config)
+    n = len(plan.indices)
+    full_batches = -(-plan.length // workload.batch_size)
+    timings: list[EpochTiming] = []
+    peak = 0
+
+    batches = len(loader)
+    build_full = build_seconds * plan.length / n
+    restarts = 1 if config.persistent_workers else workload.epochs  # worker start-up paid per epoch
+
+    def progress(epoch: int) -> Callable[[int, float, float], None]:
+        """Report the figure so far: step 0 a lower bound from the first batch, then running estimates."""
+        checkpoints = {max(HEAD + 2, batches // 3): 1, batches: 2} if epoch == 0 else {}
+        head = [0.0]
+
+        def on_batch(count: int, elapsed: float, first: float) -> None:
+            if report is None or epoch:
+                return
+            if count == 1:
+                report(0, build_full + first * restarts)
+            if count == HEAD:
+                head[0] = elapsed
+            elif count in checkpoints and count > HEAD:
+                per_batch = (elapsed - head[0]) / (count - HEAD)
+                epoch_s = head[0] + per_batch * (full_batches - HEAD)
+                report(checkpoints[count], build_full + epoch_s * workload.epochs)
+
+        return on_batch
+
+    for epoch in range(plan.epochs_measured):
+        if epoch and plan.cold_every_epoch:
+            evictions.append(_evict(plan))
+        timing, memory = timed_epoch(loader, consume, sample_memory=plan.sample_memory, on_batch=progress(epoch),
+                                     should_stop=should_stop)
+        timings.append(timing)
+        peak = max(peak, memory)
+    del loader
+    gc.collect()
+    first, warm = timings[0], timings[-1]
+    prediction = predict(first=first, warm=warm, build_seconds=build_seconds, measured_samples=n,
+                         length=plan.length, batch_size=workload.batch_size, epochs=workload.epochs)
+    return {
+        "prediction": prediction.to_dict(),
+        "epochs": [t.__dict__ for t in timings],
+        "build_seconds_subset": build_seconds,
+        "measured_samples": n,
+        "peak_memory_bytes": peak,
+        "eviction": evictions[0],
+        "process_applied": applied.applied,
+        "process_not_applied": applied.not_applied,
+    }

@@ -1,0 +1,87 @@
+"""Everything a search decides before its first trial: the machine, the dataset's probe, the limits, the
+space, the measured subset, the files to evict, the batch size in bytes, and what the user is told."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.machine import _hardware as hardware
+from autotune.tuner._candidates import Limits, build_space, disk_free
+from autotune.machine._cpus import build_workers, usable_cpus
+from autotune.machine._evict import source_files
+from autotune.tuner._measure import Plan, Workload
+from autotune.machine._memory import default_budget, format_bytes
+from autotune.dataset._probe import Probe, probe_dataset, probe_indices
+from autotune.machine._shm import shm_free
+from autotune.tuner._space import Space
+from autotune.dataset._statefulness import epoch_state_warning
+from autotune.dataset._userfile import UserSpec
+
+
+@dataclass
+class Setup:
+    hardware: dict[str, Any]
+    probe: Probe
+    limits: Limits
+    space: Space
+    plan: Plan
+    workload: Workload
+    batch_bytes: int
+    shm_free: int | None
+    trial_seconds: float
+
+
+def subset_size(probe: Probe, batch_size: int, seconds: float) -> int:
+    """About ``seconds`` of default loading, in whole batches, at least four batches, at most everything."""
+    wanted = int(seconds / max(probe.sample_seconds, 1e-6))
+    count = max(min(probe.length, 4 * batch_size), min(probe.length, wanted))
+    if count < probe.length:
+        count = max(batch_size, count // batch_size * batch_size)
+    return count
+
+
+def prepare(spec: UserSpec, opts: Any) -> Setup:
+    """``opts`` is a SearchOptions."""
+    hw = hardware.collect(ranks_per_node=opts.ranks_per_node)
+    probe = probe_dataset(spec, seed=opts.seed)
+    stateful = epoch_state_warning(spec.dataset)
+    limits = Limits(
+        usable_cpus=usable_cpus(opts.ranks_per_node),
+        memory_budget=opts.max_memory or default_budget(),
+        disk_free=disk_free(opts.workdir),
+        max_workers=opts.max_workers,
+        caches=opts.caches,
+        allocators=opts.allocators,
+        stateful=stateful is not None,
+    )
+    if stateful:
+        limits.notes.append(stateful)
+    space = build_space(probe, limits)
+    trial_seconds = opts.trial_seconds or min(10.0, max(1.0, opts.budget / 50))
+    count = subset_size(probe, spec.batch_size, trial_seconds)
+    indices = list(range(probe.length)) if count >= probe.length else probe_indices(probe.length, count, opts.seed)
+    sources = source_files(spec.dataset, indices, probe.length, opts.data_dir)
+    if sources.files:
+        every = " every epoch: the data does not fit in the page cache" if sources.cold_every_epoch else ""
+        limits.notes.append(
+            f"cold reads: {len(sources.files)} source file(s) ({sources.how}, ~{format_bytes(sources.total_bytes)} "
+            f"for the whole dataset) are evicted from the page cache before the first epoch{every}"
+        )
+    else:
+        limits.notes.append(f"cold reads: no source files to evict ({sources.how}); every epoch is measured warm")
+    plan = Plan(
+        indices=indices,
+        length=probe.length,
+        seed=opts.seed,
+        batch_timeout=opts.trial_timeout or max(60.0, 20 * trial_seconds),
+        cache_root=str(Path(opts.workdir) / "cache" / "trials"),
+        build_workers=build_workers(limits.usable_cpus),
+        files=sources.files,
+        cold_every_epoch=sources.cold_every_epoch,
+    )
+    workload = Workload(dataset=spec.dataset, batch_size=spec.batch_size, epochs=spec.epochs,
+                        collate_fn=spec.collate_fn, transform=spec.transform, train_step=spec.train_step,
+                        fingerprint=probe.fingerprint)
+    return Setup(hw, probe, limits, space, plan, workload, probe.batch_bytes, shm_free(), trial_seconds)

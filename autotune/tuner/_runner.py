@@ -1,0 +1,275 @@
+"""Run each trial in a fresh process that the search can always stop.
+
+A trial process is forked from a forkserver that imported torch but never ran an OpenMP region, so
+it starts in ~0.2 s, starts clean (allocator state, thread pools, mallopt settings do not leak from one
+candidate to the next), and can be killed with all its DataLoader workers when it crashes, hangs,
+overruns its time, exceeds the memory budget, or is pruned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing
+import os
+import pickle
+import shutil
+import tempfile
+import signal
+import sys
+import time
+import warnings
+from typing import Any, Callable
+
+import psutil
+
+from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
+from autotune.machine._memory import format_bytes, tree_pss, tree_rss
+from autotune.recipe._process import PRELOAD_ALLOCATORS, launch_env
+from autotune.config import LoaderConfig
+
+_INHERITED: Workload | None = None  # the fork fallback hands the workload over by inheritance
+
+
+class TrialFailed(Exception):
+    """The candidate could not be measured; the message is the reason recorded on the trial."""
+
+
+class TrialPruned(Exception):
+    """The pruner stopped the candidate early: its partial figure was hopeless."""
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A one-line reason for a failed candidate, naming the likely cause where it is a known one."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if "Bus error" in str(exc) or "SIGBUS" in str(exc):
+        return ("a worker died of a bus error: /dev/shm is too small for workers x prefetch_factor x "
+                "batch bytes (Docker: --shm-size)")
+    if "exited unexpectedly" in text or "killed by signal" in text:
+        return (f"{text}: a worker crashed (a bus error from a small /dev/shm, a segfault in native code, or "
+                "the out-of-memory killer)")
+    if isinstance(exc, MemoryError):
+        return "out of memory"
+    if "timed out" in text.lower():
+        return f"a batch did not arrive in time ({text})"
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and "Original Traceback" in str(exc):
+        # A worker's exception: keep where it happened and what the user's code raised.
+        return f"{lines[0].removeprefix('Caught ').rstrip('.')}: {lines[-1]}"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+_TRIAL_PID = 0
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    if os.getpid() != _TRIAL_PID:
+        os._exit(143)  # a forked DataLoader worker inherited this handler: just go
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # once: unwinding must not be interrupted again
+    raise SystemExit(143)  # unwinds through the DataLoader iterator, which then stops its workers cleanly
+
+
+def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict, plan: Plan,
+                fork_fallback: bool, log_path: str | None = None) -> None:
+    if log_path:
+        # The trial's and its workers' prints (torch's worker errors, C++ aborts) go to its log, not
+        # the user's terminal; file descriptors, so output from native code follows too.
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+    global _TRIAL_PID
+    _TRIAL_PID = os.getpid()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    for folder in reversed(sys_path):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    try:
+        if fork_fallback:
+            import torch
+
+            torch.set_num_threads(1)  # the parent may have used OpenMP, which is not fork-safe
+        workload = _INHERITED if blob is None else pickle.loads(blob)
+        conn.send(("ready",))  # the give-up clock starts here, not while the dataset is unpickled
+        result = measure(workload, LoaderConfig.from_json(config), plan,
+                         report=lambda step, value: conn.send(("progress", step, value)),
+                         should_stop=conn.poll)  # the only message the search sends is "stop"
+        conn.send(("result", result))
+    except (SystemExit, TrialStopped):
+        pass  # stopped by the search (pruned, timed out): nobody is listening any more
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes the trial's reason
+        try:
+            conn.send(("error", failure_reason(exc)))
+        except OSError:
+            pass
+    finally:
+        conn.close()
+
+
+def kill_tree(pid: int, grace: float = 3.0) -> None:
+    """Stop a trial process and every descendant (its DataLoader workers).
+
+    SIGTERM first, so the trial unwinds and releases its workers' semaphores and shared memory; SIGKILL
+    for whatever is left after ``grace`` seconds (a hung worker, a process stuck in C code).
+    """
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    try:
+        root.terminate()
+        root.wait(grace)
+    except (psutil.NoSuchProcess, psutil.TimeoutExpired):
+        pass
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+def _death_reason(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        hint = " (out of memory?)" if name == "SIGKILL" else ""
+        return f"the trial process was killed by {name}{hint}"
+    return f"the trial process exited with status {exitcode} before reporting"
+
+
+class Runner:
+    """Starts trial processes for one workload."""
+
+    def __init__(self, workload: Workload, sys_path: list[str] | None = None, memory_limit: int | None = None):
+        self.sys_path = list(sys_path or [])
+        self.memory_limit = memory_limit
+        try:
+            self.blob: bytes | None = pickle.dumps(workload)
+            self.ctx = multiprocessing.get_context("forkserver")
+            self.ctx.set_forkserver_preload(["torch", "autotune.tuner._measure"])
+            self.fork_fallback = False
+        except Exception as exc:  # noqa: BLE001 - unpicklable user objects: lambdas, notebook classes
+            if "fork" not in multiprocessing.get_all_start_methods():
+                raise TrialFailed(f"the dataset cannot be pickled into a trial process: {exc}") from exc
+            warnings.warn(
+                f"The dataset or a hook cannot be pickled ({exc}); trials run in forked processes "
+                "with one main-process thread. Define them at module level to measure thread counts.",
+                stacklevel=2,
+            )
+            global _INHERITED
+            _INHERITED = workload
+            self.blob = None
+            self.ctx = multiprocessing.get_context("fork")
+            self.fork_fallback = True
+
+    def run(self, config: LoaderConfig, plan: Plan, *, timeout: float,
+            should_prune: Callable[[int, float], bool] | None = None, give_up_after: float | None = None,
+            log_path: str | None = None) -> dict:
+        """Measure ``config`` in a fresh process; raise TrialFailed or TrialPruned when it does not finish.
+
+        ``give_up_after``: seconds after which the trial is pruned, whatever it reported (a cache build
+        that alone takes longer than the best candidate's whole subset run). ``log_path``: where the
+        trial's and its workers' output goes, instead of the user's terminal.
+        """
+        ctx, env = self._context_for(config)
+        trial_dir = None
+        if plan.cache_root:
+            os.makedirs(plan.cache_root, exist_ok=True)
+            trial_dir = tempfile.mkdtemp(prefix="trial-", dir=plan.cache_root)
+            plan = dataclasses.replace(plan, cache_root=trial_dir)
+        receiver, sender = ctx.Pipe(duplex=True)
+        proc = ctx.Process(
+            target=_trial_main,
+            args=(sender, self.blob, self.sys_path, config.to_json(), plan, self.fork_fallback, log_path),
+            name="autotune-trial",
+        )
+        with _environment(env):
+            proc.start()
+        sender.close()
+        started = time.monotonic()
+        deadline = started + timeout
+        if give_up_after is not None and env is not None:
+            give_up_after += 5.0  # a spawned interpreter's start-up is not part of the measured figure
+        next_memory_check = 0.0
+        try:
+            while True:
+                if receiver.poll(0.2):
+                    try:
+                        message = receiver.recv()
+                    except EOFError:
+                        proc.join(5)
+                        raise TrialFailed(_death_reason(proc.exitcode)) from None
+                    kind = message[0]
+                    if kind == "ready":
+                        started = time.monotonic()
+                        continue
+                    if kind == "result":
+                        proc.join(10)  # let it shut its workers down cleanly
+                        return message[1]
+                    if kind == "error":
+                        raise TrialFailed(message[1])
+                    if kind == "progress" and should_prune is not None and should_prune(message[1], message[2]):
+                        receiver.send("stop")  # the trial unwinds at its next batch; killed if it does not
+                        proc.join(5)
+                        raise TrialPruned(f"pruned at step {message[1]}: predicted {message[2]:.2f} s")
+                    continue
+                now = time.monotonic()
+                if give_up_after is not None and now - started > give_up_after:
+                    receiver.send("stop")
+                    raise TrialPruned(f"pruned: still running after {now - started:.1f} s, more than the best "
+                                      "candidate needs for its whole run on this subset")
+                if now > deadline:
+                    raise TrialFailed(f"timed out after {timeout:.0f} s (a hung worker or a very slow candidate)")
+                if self.memory_limit and now >= next_memory_check:
+                    next_memory_check = now + 1.0
+                    # RSS is cheap but counts pages shared with forked workers once per worker; only
+                    # when it is over the limit is the costlier PSS read to confirm.
+                    used = tree_rss(proc.pid)
+                    if used > self.memory_limit:
+                        used = tree_pss(proc.pid)
+                    if used > self.memory_limit:
+                        raise TrialFailed(
+                            f"used {format_bytes(used)}, over the memory budget of {format_bytes(self.memory_limit)}"
+                        )
+                if not proc.is_alive() and not receiver.poll(0):
+                    raise TrialFailed(_death_reason(proc.exitcode))
+        finally:
+            receiver.close()
+            if proc.is_alive():
+                kill_tree(proc.pid)
+            proc.join(10)
+            if trial_dir:
+                shutil.rmtree(trial_dir, ignore_errors=True)
+
+    def _context_for(self, config: LoaderConfig) -> tuple[Any, dict[str, str] | None]:
+        """The start method for this candidate, and the environment it must start with.
+
+        A preloaded allocator only exists in a process exec'd with it, so such candidates are spawned
+        (paying an interpreter start, outside the measured figure) instead of forked from the server.
+        """
+        settings = config.process_settings()
+        if settings.allocator not in PRELOAD_ALLOCATORS:
+            return self.ctx, None
+        if self.blob is None:
+            raise TrialFailed(f"{settings.allocator} needs a fresh process, and the dataset cannot be pickled")
+        env, notes = launch_env(settings, os.environ)
+        if notes:
+            raise TrialFailed("; ".join(notes))
+        return multiprocessing.get_context("spawn"), env
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str] | None):
+    """Temporarily make ``env`` the process environment (a spawned child inherits it at start)."""
+    if env is None:
+        yield
+        return
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

@@ -1,0 +1,369 @@
+"""The Optuna loop: ask a candidate, measure it in its own process, tell the figure; then re-measure the
+finalists interleaved and check the winner against the plain default (DESIGN §3)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.errors import AutotuneError
+from autotune.tuner._measure import Plan
+from autotune.machine._memory import format_bytes
+from autotune.tuner._preparation import Setup, prepare
+from autotune.dataset._probe import Probe
+from autotune.tuner._runner import Runner, TrialFailed, TrialPruned
+from autotune.machine._shm import shm_rule
+from autotune.config import LoaderConfig
+from autotune.tuner._space import Space
+from autotune.dataset._userfile import UserSpec
+
+SEARCH_SHARE = 0.7  # of the budget; the rest re-measures the finalists interleaved
+ROUNDS = 3  # interleaved re-measurements of each finalist, when the budget allows
+
+
+@dataclass
+class SearchOptions:
+    budget: float = 120.0
+    workdir: Path = Path(".autotune")
+    storage: str | None = None
+    seed: int = 0
+    caches: tuple[str, ...] | None = None
+    allocators: tuple[str, ...] | None = None
+    max_memory: int | None = None
+    max_workers: int | None = None
+    ranks_per_node: int = 1
+    finalists: int = 3
+    progress: bool = True
+    trial_seconds: float | None = None  # target time of one default trial; derived from the budget
+    trial_timeout: float | None = None  # a trial still running after this is killed; derived by default
+    data_dir: str | None = None  # the files to evict for cold reads, when dataset[i] does not reveal them
+    sampler: Any = None  # an Optuna sampler instead of the seeded TPE (the benchmarks compare RandomSampler)
+
+
+@dataclass
+class Outcome:
+    """What a search found: the winner, its figures, the default's, and how the search went."""
+
+    config: LoaderConfig
+    figures: dict[str, Any]
+    default_figures: dict[str, Any]
+    is_default: bool
+    note: str
+    trials: int
+    failed: list[str]
+    pruned: int
+    search_seconds: float
+    plan: Plan
+    probe: Probe
+    hardware: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    finalists: list[dict[str, Any]] = field(default_factory=list)
+    study: dict[str, str] = field(default_factory=dict)  # name and storage URL, for report and optuna-dashboard
+
+
+class HopelessPruner(optuna.pruners.BasePruner):
+    """Stop a trial whose partial prediction is already far behind the best finished one.
+
+    Step 0 is a lower bound (cache build and worker start-up alone), so a small margin for noise is
+    enough; steps 1 and 2 extrapolate from part of an epoch and get a wider one.
+    """
+
+    def __init__(self, factors: dict[int, float] | None = None):
+        self.factors = factors or {0: 1.2, 1: 1.6, 2: 1.4}
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        step = trial.last_step
+        if step is None:
+            return False
+        done = [t.value for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
+        return bool(done) and trial.intermediate_values[step] > self.factors.get(step, 1.5) * min(done)
+
+
+def _study_name(probe: Probe, hw: dict, spec: UserSpec, space: Space, plan: Plan) -> str:
+    shape = json.dumps([repr(space), len(plan.indices)], sort_keys=True)
+    digest = hashlib.sha256(shape.encode()).hexdigest()[:8]
+    return f"autotune-{probe.fingerprint}-{hw['fingerprint']}-b{spec.batch_size}-e{spec.epochs}-{digest}"
+
+
+def _storage_url(opts: SearchOptions) -> str:
+    if opts.storage:
+        return opts.storage
+    opts.workdir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{(opts.workdir / 'studies.db').resolve()}"
+
+
+def _key(config: LoaderConfig) -> str:
+    return json.dumps(config.to_json(), sort_keys=True)
+
+
+def _key_digest(config: LoaderConfig) -> str:
+    return hashlib.sha256(_key(config).encode()).hexdigest()[:8]
+
+
+class _Progress:
+    """A progress bar over the time budget (stderr), quiet when progress is off."""
+
+    def __init__(self, enabled: bool, budget: float):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=round(budget), unit="s", desc="autotune search", file=sys.stderr,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} s {postfix}")
+        self.start = time.monotonic()
+
+    def update(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.n = min(self.bar.total, round(time.monotonic() - self.start))
+            self.bar.set_postfix_str(text, refresh=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.update("done")
+            self.bar.close()
+
+
+def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None, runner: Any = None) -> Outcome:
+    """Tune ``spec``. ``setup`` and ``runner`` default to the real preparation and trial processes;
+    the search-core tests pass their own, to run the loop in memory."""
+    started = time.monotonic()
+    deadline = started + opts.budget
+    setup = setup or prepare(spec, opts)
+    hw, probe, limits, space, plan = setup.hardware, setup.probe, setup.limits, setup.space, setup.plan
+    trial_seconds = setup.trial_seconds
+    runner = runner or Runner(setup.workload, spec.sys_path, memory_limit=limits.memory_budget)
+    shm_limited: list[str] = []
+    log_dir = Path(opts.workdir) / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    study = optuna.create_study(
+        study_name=_study_name(probe, hw, spec, space, plan),
+        storage=_storage_url(opts),
+        load_if_exists=True,
+        direction="minimize",
+        sampler=opts.sampler or optuna.samplers.TPESampler(seed=opts.seed, multivariate=True, group=True,
+                                                           n_startup_trials=6, constant_liar=True),
+        pruner=HopelessPruner(),
+    )
+    _fail_interrupted(study)
+    default = space.default()
+    seen = {t.user_attrs.get("config_key")
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
+    if _key(default) not in seen:
+        study.enqueue_trial(space.params_for(default), skip_if_exists=True)
+    for prior in _priors(space, default):
+        if _key(prior) not in seen:
+            study.enqueue_trial(space.params_for(prior), skip_if_exists=True)
+
+    progress = _Progress(opts.progress, opts.budget)
+    durations: list[float] = []
+    repeats = 0
+    timeout = plan.batch_timeout
+    try:
+        while True:
+            elapsed = time.monotonic() - started
+            typical = statistics.median(durations) if durations else trial_seconds * 2
+            if elapsed + typical > opts.budget * SEARCH_SHARE or repeats >= 20:
+                break
+            trial = study.ask()
+            config = space.suggest(trial)
+            key = _key(config)
+            trial.set_user_attr("config", config.to_json())
+            trial.set_user_attr("config_key", key)
+            earlier = _completed_value(study, key, trial.number)
+            if earlier is not None:
+                repeats += 1  # a point already measured: tell its figure, spend no time
+                trial.set_user_attr("repeat", True)
+                study.tell(trial, earlier)
+                continue
+            repeats = 0
+            reason = shm_rule(config.num_workers, config.prefetch_factor, setup.batch_bytes, setup.shm_free)
+            if reason is not None:
+                shm_limited.append(config.describe())
+                trial.set_user_attr("reason", reason)
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
+            t0 = time.monotonic()
+
+            def should_prune(step: int, value: float, trial: optuna.Trial = trial) -> bool:
+                trial.report(value, step)
+                return trial.should_prune()
+
+            remaining = max(5.0, deadline - time.monotonic())
+            best = _best_value(study)
+            # Everything a trial does scales with the subset, so a trial still running after the best
+            # whole-run figure scaled down to the subset (with a margin) cannot win.
+            give_up = None if best is None else 1.5 * best * len(plan.indices) / plan.length + 2.0
+            log_path = str(log_dir / f"trial-{trial.number}.log")
+            trial.set_user_attr("log", log_path)
+            try:
+                result = runner.run(config, plan, timeout=min(timeout, remaining), should_prune=should_prune,
+                                    give_up_after=give_up, log_path=log_path)
+            except TrialPruned as exc:
+                trial.set_user_attr("reason", str(exc))
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            except TrialFailed as exc:
+                trial.set_user_attr("reason", str(exc))
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            except Exception as exc:  # noqa: BLE001 - a broken trial never stops the search
+                trial.set_user_attr("reason", f"{type(exc).__name__}: {exc}")
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            except BaseException:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
+            else:
+                _record(trial, result)
+                study.tell(trial, result["prediction"]["total_seconds"])
+            durations.append(time.monotonic() - t0)
+            progress.update(_status(study))
+        if shm_limited:
+            limits.notes.append(
+                f"/dev/shm limits this machine: {len(shm_limited)} candidate(s) ruled out, e.g. "
+                f"{shm_limited[0]} ({format_bytes(setup.batch_bytes)} batches, "
+                f"{format_bytes(setup.shm_free or 0)} of /dev/shm free)"
+            )
+        return _finish(study, space, runner, plan, probe, hw, limits, opts, started, progress, spec)
+    finally:
+        progress.close()
+
+
+def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
+    """Informed first points, measured before the sampler explores: the default every recipe is checked
+    against, the usual advice (a worker per CPU, persistent), and a cache read in the main process."""
+    priors = [default]
+    if space.max_workers:
+        priors.append(LoaderConfig(num_workers=space.max_workers, prefetch_factor=2, persistent_workers=True,
+                             multiprocessing_context=space.contexts[0], main_threads=default.main_threads,
+                             worker_threads=1 if len(space.worker_threads) > 1 else None))
+    caches = [c for c in space.caches if c is not None]
+    if caches:
+        allocator = "glibc-tuned" if "glibc-tuned" in space.allocators else default.allocator
+        cache = "memory" if "memory" in caches else caches[0]
+        priors.append(replace(default, cache=cache, allocator=allocator))
+    return priors
+
+
+def _fail_interrupted(study: optuna.Study) -> None:
+    """Trials left RUNNING by an earlier search that was killed are marked failed, so resuming is clean."""
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted (an earlier search stopped)")
+        study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
+
+
+def _record(trial: optuna.Trial, result: dict) -> None:
+    trial.set_user_attr("prediction", result["prediction"])
+    trial.set_user_attr("epochs", result["epochs"])
+    trial.set_user_attr("peak_memory_bytes", result["peak_memory_bytes"])
+    trial.set_user_attr("measured_samples", result["measured_samples"])
+
+
+def _completed_value(study: optuna.Study, key: str, number: int) -> float | None:
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if t.number != number and t.user_attrs.get("config_key") == key:
+            return t.value
+    return None
+
+
+def _best_value(study: optuna.Study) -> float | None:
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    return min((t.value for t in done), default=None)
+
+
+def _status(study: optuna.Study) -> str:
+    best = _best_value(study)
+    return f"trial {len(study.trials)}" + (f", best {best:.2f} s" if best is not None else "")
+
+
+def _best_distinct(study: optuna.Study, count: int) -> list[optuna.trial.FrozenTrial]:
+    out: dict[str, optuna.trial.FrozenTrial] = {}
+    for t in sorted(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)),
+                    key=lambda t: t.value):
+        if t.user_attrs.get("repeat"):
+            continue
+        out.setdefault(t.user_attrs["config_key"], t)
+        if len(out) == count:
+            break
+    return list(out.values())
+
+
+def _finish(study, space, runner, plan, probe, hw, limits, opts, started, progress, spec) -> Outcome:
+    default = space.default()
+    finalists = _best_distinct(study, opts.finalists)
+    configs = [LoaderConfig.from_json(t.user_attrs["config"]) for t in finalists]
+    if default not in configs:
+        configs.append(default)
+    figures: dict[LoaderConfig, list[dict]] = {c: [] for c in configs}
+    failed_finalists: dict[LoaderConfig, str] = {}
+    cost = {t.user_attrs.get("config_key"): t.duration.total_seconds()
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if t.duration}
+    typical = statistics.median(cost.values()) if cost else plan.batch_timeout / 10
+    round_cost = sum(cost.get(_key(c), typical) for c in configs)
+    remaining = opts.budget - (time.monotonic() - started)
+    rounds = max(1, min(ROUNDS, int(remaining / max(round_cost, 1e-3))))
+    for r in range(rounds):
+        order = configs[r % len(configs):] + configs[: r % len(configs)]  # rotate: A B C, B C A, ...
+        for config in order:
+            if config in failed_finalists:
+                continue
+            try:
+                figures[config].append(runner.run(config, plan, timeout=plan.batch_timeout))
+            except TrialFailed as exc:  # a finalist that fails now (timeout, memory) is out, not fatal
+                failed_finalists[config] = str(exc)
+            progress.update(f"finalists round {r + 1}/{rounds}")
+    medians = {c: _median_result(v) for c, v in figures.items() if v and c not in failed_finalists}
+    if default not in medians:
+        reason = failed_finalists.get(default, "it was not measured")
+        raise AutotuneError(
+            f"Even the plain default (num_workers=0, no cache) could not be measured: {reason}. "
+            "Fix that first (a larger --max-memory, a dataset that loads in the main process)."
+        )
+    winner = min(medians, key=lambda c: medians[c]["prediction"]["total_seconds"])
+    is_default = winner == default
+    note = "fastest candidate in interleaved re-measurement" if not is_default else ""
+    if is_default and len(medians) > 1:
+        note = "no candidate beat the plain default in the interleaved A/B check; the recipe is the default"
+    elif is_default:
+        note = "the plain default is the only candidate that could be measured"
+    trials = study.get_trials(deepcopy=False)
+    states = optuna.trial.TrialState
+    return Outcome(
+        config=winner,
+        figures=medians[winner],
+        default_figures=medians[default],
+        is_default=is_default,
+        note=note,
+        trials=sum(1 for t in trials if not t.user_attrs.get("repeat") and t.state != states.RUNNING),
+        failed=[t.user_attrs.get("reason", "") for t in trials if t.state == states.FAIL],
+        pruned=sum(1 for t in trials if t.state == states.PRUNED),
+        search_seconds=time.monotonic() - started,
+        plan=plan,
+        probe=probe,
+        hardware=hw,
+        notes=list(limits.notes),
+        finalists=[
+            {"config": c.to_json(), "total_seconds": [f["prediction"]["total_seconds"] for f in figures[c]]}
+            for c in configs
+        ],
+        study={"name": study.study_name, "storage": _storage_url(opts)},
+    )
+
+
+def _median_result(results: list[dict]) -> dict:
+    """The run whose predicted total is the median (lower median for an even count), with the peak memory
+    of all runs."""
+    ordered = sorted(results, key=lambda r: r["prediction"]["total_seconds"])
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    chosen["peak_memory_bytes"] = max(r["peak_memory_bytes"] for r in results)
+    chosen["runs"] = [r["prediction"]["total_seconds"] for r in results]
+    return chosen

@@ -1,0 +1,154 @@
+"""The search core in memory: the study loop, the priors, the finalists and the A/B check, driven by a fake
+runner that returns set figures (no trial processes), plus the Space's suggest/params_for/grid inverse
+checked with optuna's FixedTrial. Seconds, not searches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.config import DEFAULT, LoaderConfig
+from autotune.dataset._probe import Probe
+from autotune.dataset._userfile import UserSpec
+from autotune.errors import AutotuneError
+from autotune.tuner._candidates import Limits
+from autotune.tuner._measure import Plan, Workload
+from autotune.tuner._preparation import Setup
+from autotune.tuner._runner import TrialFailed
+from autotune.tuner._space import Space
+from autotune.tuner._study import SearchOptions, _median_result, _priors, search
+
+SPACE = Space(max_workers=2, contexts=("fork", "spawn"), prefetch_factors=(2, 4), worker_threads=(1, 2),
+              main_threads=(None, 1, 2), caches=(None, "memory", "pickle"), allocators=("glibc", "glibc-tuned"))
+
+
+def _result(total: float, memory: int = 1000) -> dict:
+    return {"prediction": {"total_seconds": total, "epoch_seconds": total / 3, "first_epoch_seconds": total / 3,
+                           "build_seconds": 0.0},
+            "epochs": [], "peak_memory_bytes": memory, "measured_samples": 64}
+
+
+class FakeRunner:
+    """Figures by rule: the memory cache is fastest, then workers, then the default. ``fail`` lists
+    configurations that fail, ``fail_after`` the number of good runs a configuration gets before it fails
+    configurations that fail; with ``best_fails_again`` the best finalist passes in the loop and fails
+    when measured again (a finalist that times out in the interleaved re-measurement)."""
+
+    def __init__(self, fail=(), best_fails_again: bool = False):
+        self.fail = set(fail)
+        self.best_fails_again = best_fails_again
+        self.calls: list[LoaderConfig] = []
+
+    def run(self, config, plan, *, timeout, should_prune=None, give_up_after=None, log_path=None):
+        self.calls.append(config)
+        runs = self.calls.count(config)
+        if runs == 2 and self.best_fails_again and not (self.fail - {DEFAULT}):
+            self.fail.add(config)  # the first configuration measured again is the best finalist
+        if config in self.fail:
+            raise TrialFailed(f"timed out after {timeout:.0f} s")
+        total = 10.0 - 4.0 * (config.cache == "memory") - 2.0 * bool(config.num_workers)
+        return _result(total + 0.01 * runs)
+
+
+def _setup(space: Space = SPACE) -> Setup:
+    probe = Probe(length=1000, sample_seconds=0.001, sample_bytes=100, batch_bytes=6400, deterministic=True,
+                  determinism_note="", fingerprint="f" * 16)
+    plan = Plan(indices=list(range(256)), length=1000, batch_timeout=30.0)
+    limits = Limits(usable_cpus=2, memory_budget=10**9, disk_free=10**12)
+    workload = Workload(dataset=list(range(1000)), batch_size=64, epochs=3, fingerprint=probe.fingerprint)
+    return Setup({"fingerprint": "h" * 12}, probe, limits, space, plan, workload, 6400, None, 0.5)
+
+
+def _spec() -> UserSpec:
+    return UserSpec(dataset=list(range(1000)), source="<test>", batch_size=64, epochs=3)
+
+
+def _opts(tmp_path: Path, **kw) -> SearchOptions:
+    return SearchOptions(budget=kw.pop("budget", 3.0), workdir=tmp_path, progress=False, **kw)
+
+
+def test_search_picks_the_fastest_and_checks_it_against_the_default(tmp_path):
+    runner = FakeRunner()
+    outcome = search(_spec(), _opts(tmp_path), setup=_setup(), runner=runner)
+    assert outcome.config.cache == "memory" and outcome.config.num_workers > 0
+    assert not outcome.is_default
+    assert outcome.default_figures["prediction"]["total_seconds"] >= 10.0
+    assert DEFAULT in runner.calls  # the default is always measured, in the loop and in the A/B check
+    assert runner.calls[:3] == _priors(SPACE, DEFAULT)  # the informed priors come first, in order
+
+
+def test_a_finalist_that_fails_when_measured_again_is_dropped_not_fatal(tmp_path):
+    """On a7f5ea5 this raised AttributeError ('dict' object has no attribute 'add') after the whole budget."""
+    runner = FakeRunner(best_fails_again=True)
+    outcome = search(_spec(), _opts(tmp_path), setup=_setup(), runner=runner)
+    (best,) = runner.fail
+    assert outcome.finalists[0]["config"] == best.to_json() and outcome.finalists[0]["total_seconds"] == []
+    assert outcome.config != best and not outcome.is_default  # the next finalist, measured again, won
+    assert outcome.config.cache == "memory" and outcome.config.num_workers
+    assert len(outcome.finalists[1]["total_seconds"]) >= 1
+
+
+def test_the_default_failing_everywhere_is_one_clear_error(tmp_path):
+    runner = FakeRunner(fail={DEFAULT})
+    with pytest.raises(AutotuneError, match="Even the plain default .* could not be measured: timed out"):
+        search(_spec(), _opts(tmp_path), setup=_setup(), runner=runner)
+
+
+def test_every_trial_failing_but_the_default_gives_the_default(tmp_path):
+    space = Space(max_workers=2, prefetch_factors=(2,), caches=(None, "memory"))
+    others = {c for c in space.grid() if c != DEFAULT}
+    outcome = search(_spec(), _opts(tmp_path), setup=_setup(space), runner=FakeRunner(fail=others))
+    assert outcome.is_default and outcome.config == DEFAULT
+    assert "only candidate" in outcome.note
+    assert outcome.failed and all(r.startswith("timed out") for r in outcome.failed)
+
+
+def test_median_result_is_the_lower_median_with_the_peak_memory_of_all_runs():
+    runs = [_result(3.0, 10), _result(1.0, 30), _result(2.0, 20), _result(4.0, 5)]
+    chosen = _median_result(runs)
+    assert chosen["prediction"]["total_seconds"] == 2.0
+    assert chosen["peak_memory_bytes"] == 30 and chosen["runs"] == [3.0, 1.0, 2.0, 4.0]
+
+
+# ---------------------------------------------------------------- the space: suggest and its inverse
+
+
+def test_params_for_is_the_inverse_of_suggest_on_every_grid_point():
+    grid = SPACE.grid()
+    assert len(grid) == len(set(grid))
+    for config in grid:
+        assert SPACE.suggest(optuna.trial.FixedTrial(SPACE.params_for(config))) == config
+
+
+def test_grid_holds_exactly_the_valid_points():
+    grid = set(SPACE.grid())
+    # no forked worker with more than one thread (rule 3), no worker knob without workers (rule 1)
+    assert not [c for c in grid if c.multiprocessing_context == "fork" and c.worker_threads]
+    assert not [c for c in grid if not c.num_workers and (c.prefetch_factor or c.multiprocessing_context)]
+    assert LoaderConfig(num_workers=2, multiprocessing_context="spawn", worker_threads=2, prefetch_factor=4,
+                        persistent_workers=True, main_threads=1, cache="pickle", allocator="glibc-tuned") in grid
+    # workers 1..2 x prefetch 2 x persistent 2 x (fork: 1 thread, spawn: 2) = 2*2*2*3 = 24, plus 0 workers;
+    # times main threads 3 x caches 3 x allocators 2
+    assert len(grid) == (24 + 1) * 3 * 3 * 2
+
+
+def test_params_for_refuses_a_point_outside_the_space():
+    with pytest.raises(ValueError, match="not in this search space"):
+        SPACE.params_for(LoaderConfig(num_workers=8, prefetch_factor=2, multiprocessing_context="fork"))
+    with pytest.raises(ValueError, match="not in this search space"):
+        SPACE.params_for(LoaderConfig(cache="lmdb"))
+
+
+def test_enqueued_priors_are_drawn_back_exactly_by_a_real_study():
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
+    priors = _priors(SPACE, DEFAULT)
+    for prior in priors:
+        study.enqueue_trial(SPACE.params_for(prior))
+    drawn = []
+    for _ in priors:
+        trial = study.ask()
+        drawn.append(SPACE.suggest(trial))
+        study.tell(trial, 1.0)
+    assert drawn == priors
