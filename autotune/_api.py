@@ -1,4 +1,4 @@
-"""The Python API: search, load, dataloader and the Recipe they hand back (DESIGN §6)."""
+"""The Python API: search, load, dataloader and the Recipe they hand back (docs/architecture.md §6)."""
 
 from __future__ import annotations
 

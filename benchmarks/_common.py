@@ -1,6 +1,6 @@
 """Shared machinery of the issue-5 benchmarks: one timed configuration in a fresh process, honestly.
 
-How every configuration is measured (MEASURING.md):
+How every configuration is measured (docs/architecture.md §3):
 
 - a fresh Python process per run (``run_fresh``): allocator state, thread pools and worker start-up
   never carry over; a preloaded allocator is put in the environment it starts with (``launch_env``);

@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     path = C.write_json(NAME, {
         "quick": args.quick, "repeats": repeats, "reviews": args.reviews, "batch_size": imdb_lstm.batch_size,
         "epochs": epochs, "budget_s": args.budget, "rows": rows, "speedup": speedup,
-        "search": {**timing, "config": recipe.config.to_dict(), "describe": recipe.config.describe(),
+        "search": {**timing, "config": recipe.config.to_json(), "describe": recipe.config.describe(),
                    "trials": outcome.trials, "measured": recipe.measured},
         "profile": recipe.profile.to_dict(), "table_markdown": table, "notes": notes,
         "wall_s": time.perf_counter() - started,

@@ -1,7 +1,7 @@
 """Issue 7's comparison: what the allocator knob is worth to a tuned recipe, and which allocator the tuner
 picks on each of the allocation-heavy paths.
 
-Part 1, the three paths of issue 7's table, each searched with the loader held to that path: (a) decode
+Part 1, the three loading paths, each searched with the loader held to that path: (a) decode
 JPEGs with ``num_workers=0``; (b) in-memory float tensors with ``num_workers=0``; (c) the same with up to
 2 workers. The search's own interleaved finalists give the picked recipe's figure against the default.
 

@@ -9,7 +9,7 @@
                      x 2 repeats                                                        (~4-5 min)
 
 Each script prints its Markdown table (passed through here) and writes benchmarks/results/<name>.json.
-Timings are only worth quoting from a quiet machine (see MEASURING.md).
+Timings are only worth quoting from a quiet machine (see docs/architecture.md, "Measuring on small machines").
 
     python benchmarks/run_all.py [--quick] [--only article_table cpu_lstm ...]
 """

@@ -79,8 +79,8 @@ def random_search(state: dict, budget: float, seed: int, work: Path) -> tuple[li
             break
         trial = study.ask()
         config = space.suggest(trial)
-        key = json.dumps(config.to_dict(), sort_keys=True)
-        entry = {"number": trial.number, "config": config.to_dict(), "start": time.time(), "repeat": key in seen}
+        key = json.dumps(config.to_json(), sort_keys=True)
+        entry = {"number": trial.number, "config": config.to_json(), "start": time.time(), "repeat": key in seen}
         if key in seen:
             study.tell(trial, seen[key])
             entry.update(state="COMPLETE", value=seen[key], complete=time.time())

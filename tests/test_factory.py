@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 
 import autotune
 from autotune.machine import _hardware as hardware
+from autotune.config import LoaderConfig
 from autotune.recipe._file import Profile, RecipeFile
 
 from workloads import Numbers, double
@@ -18,14 +19,13 @@ from workloads import Numbers, double
 pytestmark = pytest.mark.timeout(120)
 
 
-def write_recipe(path, *, hw=None, loader=None, threads=None, batch_size=8, measured=None):
+def write_recipe(path, *, hw=None, config=None, batch_size=8, measured=None):
     profile = Profile(
         hardware=hw or hardware.collect(),
         dataset={"source": "tests/workloads.py:Numbers", "length": 40, "fingerprint": "x"},
         settings={"batch_size": batch_size, "epochs": 2},
-        loader=loader or {"num_workers": 2, "prefetch_factor": 4, "persistent_workers": True,
-                          "pin_memory": False, "multiprocessing_context": "fork"},
-        threads=threads or {"worker": None, "main": None},
+        config=config or LoaderConfig(num_workers=2, prefetch_factor=4, persistent_workers=True,
+                                      multiprocessing_context="fork"),
         measured=measured or {},
     )
     RecipeFile.merge_write(path, profile)
@@ -73,9 +73,8 @@ def test_callers_batching_passes_through(tmp_path):
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_same_samples_as_a_plain_dataloader_every_epoch(tmp_path, context):
-    path = write_recipe(tmp_path / "autotune.json", loader={
-        "num_workers": 2, "prefetch_factor": 2, "persistent_workers": True, "pin_memory": False,
-        "multiprocessing_context": context})
+    path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig(
+        num_workers=2, prefetch_factor=2, persistent_workers=True, multiprocessing_context=context))
     dataset = Numbers(37)
     tuned = autotune.dataloader(dataset, path, shuffle=True)
     plain = DataLoader(dataset, batch_size=8, shuffle=True)
@@ -84,26 +83,26 @@ def test_same_samples_as_a_plain_dataloader_every_epoch(tmp_path, context):
 
 
 def test_transform_applies_after_the_source(tmp_path):
-    path = write_recipe(tmp_path / "autotune.json", loader={"num_workers": 0})
+    path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig())
     loader = autotune.dataloader(Numbers(8), path, transform=double)
     tensors = torch.cat([t for t, _ in loader])
     assert torch.equal(tensors[:, 0], torch.arange(8, dtype=torch.float32) * 2)
 
 
 def test_missing_transform_is_warned(tmp_path):
-    path = write_recipe(tmp_path / "autotune.json", loader={"num_workers": 0}, measured={"has_transform": True})
+    path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig(), measured={"has_transform": True})
     with pytest.warns(UserWarning, match="tuned with a per-sample transform"):
         autotune.dataloader(Numbers(8), path)
 
 
 def test_other_batch_size_is_warned(tmp_path):
-    path = write_recipe(tmp_path / "autotune.json", loader={"num_workers": 0})
+    path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig())
     with pytest.warns(UserWarning, match="tuned for batch_size=8, but batch_size=3"):
         autotune.dataloader(Numbers(8), path, batch_size=3)
 
 
 def test_main_threads_are_applied_and_reported(tmp_path):
-    path = write_recipe(tmp_path / "autotune.json", loader={"num_workers": 0}, threads={"worker": None, "main": 1})
+    path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig(main_threads=1))
     before = torch.get_num_threads()
     try:
         loader = autotune.dataloader(Numbers(8), path)
@@ -114,7 +113,7 @@ def test_main_threads_are_applied_and_reported(tmp_path):
 
 
 def test_process_settings_can_be_left_alone(tmp_path):
-    path = write_recipe(tmp_path / "autotune.json", loader={"num_workers": 0}, threads={"worker": None, "main": 1})
+    path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig(main_threads=1))
     before = torch.get_num_threads()
     loader = autotune.dataloader(Numbers(8), path, apply_process_settings=False)
     assert torch.get_num_threads() == before and loader.autotune.applied == []

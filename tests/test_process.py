@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from autotune.recipe import _allocator as allocator
 from autotune.recipe import _process as process
 from autotune.errors import RecipeError
+from autotune.config import LoaderConfig
 from autotune.recipe._process import (
     ProcessSettings,
     command_line,
@@ -120,7 +121,7 @@ import json, sys
 from autotune.recipe._process import ProcessSettings, apply_at_runtime
 from test_process import realloc_faults
 import torch
-settings = ProcessSettings.from_dict(json.loads(sys.argv[1]))
+settings = ProcessSettings(**json.loads(sys.argv[1]))
 applied = apply_at_runtime(settings) if sys.argv[2] == "apply" else None
 print(json.dumps({
     "faults": realloc_faults(),
@@ -137,41 +138,26 @@ print(json.dumps({
 # ------------------------------------------------------------------ settings and the recipe dict
 
 
-def test_settings_round_trip_through_dict_and_json():
-    s = ProcessSettings(allocator="tcmalloc", omp_threads=2, mkl_threads=1, main_threads=3, worker_threads=1)
-    d = s.to_dict()
-    assert d == {
-        "allocator": "tcmalloc",
-        "omp_threads": 2,
-        "mkl_threads": 1,
-        "main_threads": 3,
-        "worker_threads": 1,
-    }
-    assert ProcessSettings.from_dict(json.loads(json.dumps(d))) == s
-    assert ProcessSettings.from_dict(ProcessSettings().to_dict()) == ProcessSettings()
-
-
-def test_from_dict_ignores_unknown_keys_and_defaults_missing_ones():
-    s = ProcessSettings.from_dict({"allocator": "glibc-tuned", "affinity": "0-3", "future": {"x": 1}})
-    assert s == ProcessSettings(allocator="glibc-tuned")
-    assert ProcessSettings.from_dict({}) == ProcessSettings()
-    assert ProcessSettings.from_dict(None) == ProcessSettings()
+def test_settings_come_from_the_loader_config():
+    config = LoaderConfig(num_workers=2, multiprocessing_context="spawn", worker_threads=3, main_threads=2,
+                          allocator="tcmalloc")
+    assert config.process_settings() == ProcessSettings(allocator="tcmalloc", main_threads=2, worker_threads=3)
+    assert LoaderConfig().process_settings() == ProcessSettings()
 
 
 @pytest.mark.parametrize(
-    "data, message",
+    "kwargs, message",
     [
         ({"allocator": "mimalloc"}, "allocator must be one of glibc, glibc-tuned, tcmalloc, jemalloc, but got 'mimalloc'"),
-        ({"omp_threads": 0}, "omp_threads must be a positive integer or None, but got 0"),
         ({"worker_threads": "2"}, "worker_threads must be a positive integer or None, but got '2'"),
         ({"main_threads": True}, "main_threads must be a positive integer or None, but got True"),
+        ({"main_threads": 0}, "main_threads must be a positive integer or None, but got 0"),
     ],
 )
-def test_from_dict_rejects_invalid_values_as_recipe_errors(data, message):
-    with pytest.raises(RecipeError) as info:
-        ProcessSettings.from_dict(data)
-    assert str(info.value) == f"the recipe's process settings are invalid: {message}"
-    assert info.value.exit_code == 2
+def test_invalid_settings_are_refused(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        ProcessSettings(**kwargs)
+    assert str(info.value) == message
 
 
 def test_settings_are_frozen():
@@ -196,10 +182,10 @@ def fake_libraries(tmp_path: Path, monkeypatch, *names: str) -> dict[str, str]:
 def test_launch_env_prepends_preload_and_keeps_existing(tmp_path, monkeypatch):
     libs = fake_libraries(tmp_path, monkeypatch, "tcmalloc", "jemalloc")
     base = {"LD_PRELOAD": "/opt/a.so:/opt/b.so", "PATH": "/bin"}
-    env, notes = launch_env(ProcessSettings(allocator="tcmalloc", omp_threads=2, mkl_threads=1), base)
+    env, notes = launch_env(ProcessSettings(allocator="tcmalloc", main_threads=2), base)
     assert env["LD_PRELOAD"] == f"{libs['tcmalloc']}:/opt/a.so:/opt/b.so"
     assert env["OMP_NUM_THREADS"] == "2"
-    assert env["MKL_NUM_THREADS"] == "1"
+    assert env["MKL_NUM_THREADS"] == "2"
     assert env["PATH"] == "/bin"
     assert "MALLOC_MMAP_THRESHOLD_" not in env
     assert notes == []
@@ -228,7 +214,7 @@ def test_launch_env_for_glibc_tuned_and_glibc():
 def test_launch_env_falls_back_when_library_is_missing(tmp_path, monkeypatch):
     monkeypatch.setenv(allocator.ENV_LIBRARY_PATH, str(tmp_path))  # an empty folder
     monkeypatch.setattr(allocator, "is_glibc", lambda: True)
-    env, notes = launch_env(ProcessSettings(allocator="tcmalloc", omp_threads=1), {"LD_PRELOAD": "/opt/a.so"})
+    env, notes = launch_env(ProcessSettings(allocator="tcmalloc", main_threads=1), {"LD_PRELOAD": "/opt/a.so"})
     assert notes == [
         "tcmalloc not available: libtcmalloc_minimal.so.4 not found; install it with "
         "`apt-get install libtcmalloc-minimal4`; using glibc-tuned instead"
@@ -238,6 +224,7 @@ def test_launch_env_falls_back_when_library_is_missing(tmp_path, monkeypatch):
         "MALLOC_MMAP_THRESHOLD_": str(1 << 30),
         "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
         "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
     }
 
 
@@ -267,9 +254,9 @@ def test_launch_env_notes_another_preloaded_allocator(tmp_path, monkeypatch):
 
 def test_command_line(tmp_path, monkeypatch):
     libs = fake_libraries(tmp_path, monkeypatch, "tcmalloc")
-    s = ProcessSettings(allocator="tcmalloc", omp_threads=2)
+    s = ProcessSettings(allocator="tcmalloc", main_threads=2)
     assert command_line(s, ["python", "train.py", "--lr", "0.1"]) == (
-        f"LD_PRELOAD={libs['tcmalloc']} OMP_NUM_THREADS=2 python train.py --lr 0.1"
+        f"LD_PRELOAD={libs['tcmalloc']} OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 python train.py --lr 0.1"
     )
     assert command_line(s, ["python", "my train.py"], via_run=True, recipe="r.json") == (
         "autotune run --recipe r.json -- python 'my train.py'"
@@ -284,9 +271,7 @@ def test_needs_fresh_process(tmp_path, monkeypatch):
     assert needs_fresh_process(ProcessSettings()) is False
     assert needs_fresh_process(ProcessSettings(allocator="glibc-tuned")) is False  # mallopt at run time
     assert needs_fresh_process(ProcessSettings(allocator="tcmalloc")) is True
-    assert needs_fresh_process(ProcessSettings(omp_threads=1)) is True
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert needs_fresh_process(ProcessSettings(omp_threads=1)) is False
+    assert needs_fresh_process(ProcessSettings(main_threads=1)) is False  # set_num_threads at run time
     # jemalloc is missing here, so it falls back to glibc-tuned, which needs no fresh process
     assert needs_fresh_process(ProcessSettings(allocator="jemalloc")) is False
     # a process started with tcmalloc cannot go back to glibc
@@ -316,17 +301,17 @@ def test_apply_at_runtime_applies_mallopt_in_main_process():
 @pytest.mark.timeout(120)
 def test_apply_at_runtime_reports_what_needs_a_start(tmp_path):
     # tcmalloc installed but not preloaded (or missing): glibc-tuned stands in, and it says so.
-    settings = {"allocator": "tcmalloc", "omp_threads": 1}
+    settings = {"allocator": "tcmalloc", "main_threads": 1}
     report = run_child(MAIN_SCRIPT, json.dumps(settings), "apply", env=clean_env())
     run_hint = "start training with `autotune run -- python train.py`"
     if TCMALLOC:
         assert report["not_applied"][0] == f"tcmalloc needs a preload: {run_hint}"
     else:
         assert report["not_applied"][0].startswith("tcmalloc not available: libtcmalloc_minimal.so.4 not found")
-    assert report["not_applied"][1] == f"OMP_NUM_THREADS=1 takes effect only at start: {run_hint}"
-    assert report["applied"] == [
-        "mallopt(M_MMAP_THRESHOLD=1 GiB, M_TRIM_THRESHOLD=1 GiB) in main process, in place of tcmalloc"
-    ]
+    assert len(report["not_applied"]) == 1
+    assert report["applied"][0] == (
+        "mallopt(M_MMAP_THRESHOLD=1 GiB, M_TRIM_THRESHOLD=1 GiB) in main process, in place of tcmalloc")
+    assert report["applied"][1].startswith("torch.set_num_threads(1) in main process (was ")
     assert report["faults"] < HUGE_PAGES_PER_BUFFER
 
 
@@ -361,7 +346,7 @@ def test_worker_init_pickles():
 @pytest.mark.skipif(not GLIBC, reason="the MALLOC_*_ variables are glibc's")
 @pytest.mark.timeout(120)
 def test_child_started_with_launch_env_has_tuned_glibc():
-    env, notes = launch_env(ProcessSettings(allocator="glibc-tuned", omp_threads=1), clean_env())
+    env, notes = launch_env(ProcessSettings(allocator="glibc-tuned", main_threads=1), clean_env())
     report = run_child(MAIN_SCRIPT, json.dumps({}), "measure", env=env)
     assert notes == []
     assert report["env"]["MALLOC_MMAP_THRESHOLD_"] == str(1 << 30)

@@ -12,6 +12,7 @@ import pytest
 
 from autotune.machine import _hardware as hardware
 from autotune.recipe import _file as recipe
+from autotune.config import LoaderConfig
 from autotune.errors import HardwareMismatch, RecipeError
 from autotune.recipe._file import Profile, RecipeFile, RecipeMismatchWarning, choose_profile
 
@@ -43,11 +44,8 @@ def profile(hardware_: dict | None = None, workers: int = 4, **kw) -> Profile:
         hardware=hardware_ or hw(),
         dataset={"source": "examples/jpeg_folder.py:dataset", "length": 2000, "fingerprint": "abc123"},
         settings={"batch_size": 64, "epochs": 3},
-        loader={"num_workers": workers, "prefetch_factor": 2, "persistent_workers": True,
-                "pin_memory": False, "multiprocessing_context": "fork"},
-        threads={"worker": 1, "main": None},
-        process={"allocator": "glibc"},
-        cache={"backend": "memory", "path": None, "manifest": {"length": 2000}},
+        config=LoaderConfig(num_workers=workers, prefetch_factor=2, persistent_workers=True,
+                            multiprocessing_context="fork", cache="memory") if workers else LoaderConfig(),
         measured={"epoch_seconds": 1.5, "default_epoch_seconds": 6.0, "speedup": 4.0,
                   "trials": 20, "failed_trials": 1, "subset": None, "is_default": False},
         created="2026-05-01T10:00:00+00:00",
@@ -70,7 +68,7 @@ def test_round_trip(tmp_path):
     assert back.profiles[p.fingerprint] == p
     assert back.path == path
     data = json.loads(path.read_text())
-    assert data["format"] == "autotune-recipe" and data["version"] == 1
+    assert data["format"] == "autotune-recipe" and data["version"] == 2
     assert data["profiles"][p.fingerprint]["hardware"]["fingerprint"] == p.fingerprint
 
 
@@ -82,10 +80,8 @@ def test_profile_dict_round_trip_keeps_unknown_keys():
 
 
 def test_profile_defaults():
-    p = Profile(hardware=hw(), dataset={"source": "<python object: Foo>", "length": 3},
-                settings={}, loader={"num_workers": 0})
-    assert p.threads == {"worker": None, "main": None}
-    assert p.process == {} and p.cache is None and p.measured == {}
+    p = Profile(hardware=hw(), dataset={"source": "<python object: Foo>", "length": 3}, settings={})
+    assert p.config == LoaderConfig() and p.measured == {}
     assert p.created.startswith("20")
     assert p.fingerprint == hw()["fingerprint"]
 
@@ -97,8 +93,8 @@ def test_add_replaces_same_fingerprint_keeps_others():
     rf.add(b)
     rf.add(profile(workers=6))
     assert len(rf) == 2
-    assert rf.profiles[a.fingerprint].loader["num_workers"] == 6
-    assert rf.profiles[b.fingerprint].loader["num_workers"] == 1
+    assert rf.profiles[a.fingerprint].config.num_workers == 6
+    assert rf.profiles[b.fingerprint].config.num_workers == 1
 
 
 def test_merge_write_keeps_other_machine(tmp_path):
@@ -113,7 +109,7 @@ def test_merge_write_keeps_other_machine(tmp_path):
     # re-searching the laptop replaces only its own profile
     RecipeFile.merge_write(path, profile(hw(usable_cpus=4), workers=2))
     rf = RecipeFile.read(path)
-    assert rf.profiles[laptop.fingerprint].loader["num_workers"] == 2
+    assert rf.profiles[laptop.fingerprint].config.num_workers == 2
     assert rf.profiles[node.fingerprint] == node
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
@@ -187,11 +183,38 @@ BAD = {
     "future": (json.dumps({"format": "autotune-recipe", "version": 99, "profiles": {}}),
                "format version 99, newer than this autotune reads .*upgrade autotune"),
     "profiles list": (json.dumps({"format": "autotune-recipe", "version": 1, "profiles": []}), "'profiles' is not an object"),
-    "profile no loader": (json.dumps({"format": "autotune-recipe", "version": 1,
-                                      "profiles": {"x": {"hardware": {}, "dataset": {}}}}), "profile 'x'.*'loader'"),
-    "cache a string": (json.dumps({"format": "autotune-recipe", "version": 1, "profiles": {"x": {
-        "hardware": {}, "dataset": {}, "loader": {}, "cache": "memory"}}}), "'cache'"),
+    "profile no config": (json.dumps({"format": "autotune-recipe", "version": 2,
+                                      "profiles": {"x": {"hardware": {}, "dataset": {}}}}), "profile 'x'.*'config'"),
+    "v1 cache a string": (json.dumps({"format": "autotune-recipe", "version": 1, "profiles": {"x": {
+        "hardware": {}, "dataset": {}, "loader": {}, "cache": "memory"}}}), "must be objects"),
 }
+
+
+def _v2(**changes) -> str:
+    """A version-2 file whose one profile has ``changes`` applied (dotted keys reach inside)."""
+    d = profile().to_dict()
+    for key, value in changes.items():
+        where, _, name = key.rpartition(".")
+        target = d
+        for part in filter(None, where.split(".")):
+            target = target[part]
+        target[name] = value
+    return json.dumps({"format": "autotune-recipe", "version": 2, "profiles": {"x": d}})
+
+
+# A hand-edited or hostile recipe: each gets one line naming the problem, never a traceback.
+BAD.update({
+    "workers a string": (_v2(**{"config.num_workers": "two"}), "num_workers must be an integer from 0 to 1024, but got 'two'"),
+    "memory a string": (_v2(**{"hardware.memory_bytes": "lots"}), "hardware.memory_bytes must be a int, but got 'lots'"),
+    "a billion threads": (_v2(**{"config.main_threads": 10**9}), "main_threads must be an integer from 1 to 4096"),
+    "negative workers": (_v2(**{"config.num_workers": -1}), "num_workers must be an integer from 0"),
+    "unknown backend": (_v2(**{"config.cache": "../../etc"}), "cache must be one of memory, pickle, hdf5, lmdb"),
+    "unknown config key": (_v2(**{"config.timeout": 5}), "unknown keys 'timeout'"),
+    "escape sequence": (_v2(**{"dataset.source": "data.py\u001b[2J"}), "control characters"),
+    "fork with threads": (_v2(**{"config.worker_threads": 4}), "forked workers must keep one intra-op thread"),
+    "batch zero": (_v2(**{"settings.batch_size": 0}), "batch_size must be a positive integer"),
+    "workers bool": (_v2(**{"config.num_workers": True}), "num_workers must be an integer"),
+})
 
 
 @pytest.mark.parametrize("name", sorted(BAD))
@@ -238,42 +261,45 @@ def test_saved_v1_sample_loads():
     by_cpu = {p.hardware["cpu_model"]: p for p in rf.profiles.values()}
     laptop = by_cpu["Intel(R) Core(TM) i7-1185G7 @ 3.00GHz"]
     node = by_cpu["AMD EPYC 7763 64-Core Processor"]
-    assert laptop.loader["num_workers"] == 6 and laptop.cache is None
+    assert laptop.config == LoaderConfig(num_workers=6, prefetch_factor=4, persistent_workers=True,
+                                         multiprocessing_context="fork")
     assert node.hardware["gpus"] == ["NVIDIA A100-SXM4-80GB"] * 4
-    assert node.cache["backend"] == "memory"
+    assert node.config.cache == "memory"
     assert node.measured["subset"] == {"measured": 512, "length": 2000, "extrapolated": True}
     # the keys on disk are the fingerprints the hardware gives today
     raw = json.loads(SAMPLE.read_text())
     assert set(raw["profiles"]) == set(rf.profiles)
 
 
-def test_saved_v1_sample_rewrites_identically(tmp_path):
+def test_saved_v1_sample_rewrites_as_v2_keeping_everything_else(tmp_path):
     copy = tmp_path / "autotune.json"
     shutil.copy(SAMPLE, copy)
     RecipeFile.read(copy).write(copy)
-    assert json.loads(copy.read_text()) == json.loads(SAMPLE.read_text())
+    old, new = json.loads(SAMPLE.read_text()), json.loads(copy.read_text())
+    assert new["version"] == 2 and set(new["profiles"]) == set(old["profiles"])
+    for fp, p in new["profiles"].items():
+        before = old["profiles"][fp]
+        assert {k: v for k, v in p.items() if k != "config"} == {
+            k: v for k, v in before.items() if k not in ("loader", "threads", "process", "cache")}
+        assert LoaderConfig.from_json(p["config"]).loader_kwargs() == {
+            k: v for k, v in before["loader"].items() if before["loader"]["num_workers"] or k in ("num_workers", "pin_memory")}
 
 
 def test_migration_table_converts_older_versions(tmp_path, monkeypatch):
     # pretend the current format is 3 and the sample is an old v1 file
-    def v1_to_v2(d):
-        for p in d["profiles"].values():
-            p["loader"]["renamed_in_v2"] = True
-        return d
-
     def v2_to_v3(d):
         for p in d["profiles"].values():
-            p["threads"] = {"worker": 2, "main": 2}
+            p["config"]["main_threads"] = 2
+            p["added_in_v3"] = True
         return d
 
     monkeypatch.setattr(recipe, "VERSION", 3)
-    monkeypatch.setattr(recipe, "_MIGRATIONS", {1: v1_to_v2, 2: v2_to_v3})
+    monkeypatch.setattr(recipe, "_MIGRATIONS", {**recipe._MIGRATIONS, 2: v2_to_v3})
     path = tmp_path / "autotune.json"
     shutil.copy(SAMPLE, path)
     before = path.read_bytes()
     rf = RecipeFile.read(path)
-    assert all(p.loader["renamed_in_v2"] for p in rf.profiles.values())
-    assert all(p.threads == {"worker": 2, "main": 2} for p in rf.profiles.values())
+    assert all(p.config.main_threads == 2 and p.extra["added_in_v3"] for p in rf.profiles.values())
     assert path.read_bytes() == before  # reading never rewrites
     rf.write(path)
     assert json.loads(path.read_text())["version"] == 3
@@ -302,14 +328,14 @@ def test_choose_exact_match_no_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         p, changes = choose_profile(rf, hw(usable_cpus=16))
-    assert changes == [] and p.loader["num_workers"] == 12
+    assert changes == [] and p.config.num_workers == 12
 
 
 def test_choose_nearest_warns_with_changes_and_command():
     rf = three_machines()
     with pytest.warns(RecipeMismatchWarning) as record:
         p, changes = choose_profile(rf, hw(usable_cpus=12))
-    assert p.loader["num_workers"] == 12  # 16 CPUs is nearer to 12 than 4 is
+    assert p.config.num_workers == 12  # 16 CPUs is nearer to 12 than 4 is
     assert changes == ["usable CPUs: 16 -> 12"]
     msg = str(record[0].message)
     assert "autotune.json" in msg
@@ -322,7 +348,7 @@ def test_choose_nearest_prefers_gpu_match():
     rf = three_machines()
     with pytest.warns(RecipeMismatchWarning, match="usable CPUs: 16 -> 8"):
         p, _ = choose_profile(rf, hw(usable_cpus=8, gpus=["NVIDIA H100"], cuda="12.4"))
-    assert p.loader["num_workers"] == 14
+    assert p.config.num_workers == 14
 
 
 def test_choose_error_raises_same_text():

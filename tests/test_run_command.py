@@ -14,25 +14,25 @@ import pytest
 from autotune.recipe import _allocator as allocator
 from autotune.machine import _hardware as hardware
 from autotune.cli._main import build_parser, main
-from autotune.commands import run as run_cmd
+from autotune.cli import _run as run_cmd
 from autotune.recipe._process import ProcessSettings
 
 REPO = Path(__file__).resolve().parents[1]
 TCMALLOC = allocator.find_library("tcmalloc")
 
 
-def write_recipe(path: Path, process: dict, hw: dict | None = None) -> Path:
-    """A recipe written by hand: one profile, for this machine unless ``hw`` says otherwise."""
+def write_recipe(path: Path, config: dict, hw: dict | None = None) -> Path:
+    """A recipe written by hand: one profile whose "config" holds ``config``, for this machine unless
+    ``hw`` says otherwise."""
     hw = hardware.collect() if hw is None else hw
     data = {
         "format": "autotune-recipe",
-        "version": 1,
+        "version": 2,
         "profiles": {
             hardware.fingerprint(hw): {
                 "hardware": hw,
                 "dataset": {"source": "examples/jpeg_folder.py", "length": 2000},
-                "loader": {"num_workers": 0},
-                "process": process,
+                "config": config,
             }
         },
     }
@@ -80,11 +80,12 @@ def test_dry_run_prints_environment_and_command(tmp_path, monkeypatch, capsys):
     lib.write_bytes(b"")
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    recipe = write_recipe(tmp_path / "autotune.json", {"allocator": "tcmalloc", "omp_threads": 2})
+    recipe = write_recipe(tmp_path / "autotune.json", {"allocator": "tcmalloc", "main_threads": 2})
     code = main(["run", "--recipe", str(recipe), "--dry-run", "--", "python", "my train.py", "--lr", "0.1"])
     out, err = capsys.readouterr()
     assert code == 0
-    assert out.splitlines() == [f"LD_PRELOAD={lib}", "OMP_NUM_THREADS=2", "python 'my train.py' --lr 0.1"]
+    assert out.splitlines() == [f"LD_PRELOAD={lib}", "OMP_NUM_THREADS=2", "MKL_NUM_THREADS=2",
+                                 "python 'my train.py' --lr 0.1"]
     assert err == ""
 
 
@@ -136,7 +137,7 @@ def test_command_that_cannot_start_exits_127(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_run_passes_exit_status_and_environment_through(tmp_path):
-    recipe = write_recipe(tmp_path / "autotune.json", {"allocator": "glibc-tuned", "omp_threads": 1})
+    recipe = write_recipe(tmp_path / "autotune.json", {"allocator": "glibc-tuned", "main_threads": 1})
     result = autotune("run", "--recipe", str(recipe), "--", sys.executable, "-c", "import sys; sys.exit(7)")
     assert result.returncode == 7
     assert result.stderr.startswith("autotune run: ")
@@ -148,7 +149,7 @@ def test_run_passes_exit_status_and_environment_through(tmp_path):
         assert env["MALLOC_MMAP_THRESHOLD_"] == str(1 << 30)
         assert result.stderr == (
             f"autotune run: MALLOC_MMAP_THRESHOLD_={1 << 30} MALLOC_TRIM_THRESHOLD_={1 << 30} "
-            "OMP_NUM_THREADS=1 (allocator=glibc-tuned, omp_threads=1)\n"
+            "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 (allocator=glibc-tuned, main_threads=1)\n"
         )
 
 
@@ -187,10 +188,10 @@ def test_other_machine_profile_is_used_with_a_note(tmp_path, capsys, monkeypatch
     hw = dict(hardware.collect())
     hw["cpu_model"] = "Some Other CPU"
     hw.pop("fingerprint", None)
-    recipe = write_recipe(tmp_path / "autotune.json", {"omp_threads": 3}, hw=hw)
+    recipe = write_recipe(tmp_path / "autotune.json", {"main_threads": 3}, hw=hw)
     assert main(["run", "--recipe", str(recipe), "--dry-run", "--", "true"]) == 0
     out, err = capsys.readouterr()
-    assert out.splitlines() == ["OMP_NUM_THREADS=3", "true"]
+    assert out.splitlines() == ["OMP_NUM_THREADS=3", "MKL_NUM_THREADS=3", "true"]
     assert err.startswith("autotune run: note: No profile in ")
     assert err.count("\n") == 1
     assert main(["run", "--recipe", str(recipe), "--on-mismatch", "error", "--dry-run", "--", "true"]) == 3
@@ -199,7 +200,7 @@ def test_other_machine_profile_is_used_with_a_note(tmp_path, capsys, monkeypatch
 def test_start_takes_settings_directly():
     out, err = io.StringIO(), io.StringIO()
     code = run_cmd.start(
-        ProcessSettings(mkl_threads=4),
+        ProcessSettings(main_threads=4),
         ["python", "train.py"],
         base_env={"MKL_NUM_THREADS": "1", "HOME": "/root"},
         dry_run=True,
@@ -208,5 +209,15 @@ def test_start_takes_settings_directly():
         err=err,
     )
     assert code == 0
-    assert out.getvalue() == "MKL_NUM_THREADS=4\npython train.py\n"
+    assert out.getvalue() == "MKL_NUM_THREADS=4\nOMP_NUM_THREADS=4\npython train.py\n"
     assert err.getvalue() == "autotune run: note: a note\n"
+
+
+def test_run_applies_the_searched_main_thread_count_in_the_child(tmp_path):
+    """The recipe's main_threads reach the started program: its environment and torch's thread pool."""
+    recipe = write_recipe(tmp_path / "autotune.json", {"main_threads": 1})  # torch alone would take 2 here
+    probe = ("import json, os, torch; print(json.dumps({'omp': os.environ.get('OMP_NUM_THREADS'), "
+             "'mkl': os.environ.get('MKL_NUM_THREADS'), 'torch': torch.get_num_threads()}))")
+    result = autotune("run", "--recipe", str(recipe), "--", sys.executable, "-c", probe)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"omp": "1", "mkl": "1", "torch": 1}

@@ -1,4 +1,4 @@
-"""What a search measures honestly: cold first epochs, /dev/shm, per-epoch state (issue 4)."""
+"""What a search measures honestly: cold first epochs, /dev/shm, per-epoch state."""
 
 from __future__ import annotations
 

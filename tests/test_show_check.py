@@ -9,6 +9,7 @@ import pytest
 
 from autotune.machine import _hardware as hardware
 from autotune.cli._main import main
+from autotune.config import LoaderConfig
 from autotune.recipe._file import Profile, RecipeFile
 
 SAMPLE = Path(__file__).parent / "data" / "recipe_v1.json"
@@ -19,11 +20,8 @@ def make_profile(hw: dict, workers: int) -> Profile:
         hardware=hw,
         dataset={"source": "examples/jpeg_folder.py:dataset", "length": 2000, "fingerprint": "f00d"},
         settings={"batch_size": 64, "epochs": 3},
-        loader={"num_workers": workers, "prefetch_factor": 4, "persistent_workers": True,
-                "pin_memory": False, "multiprocessing_context": "forkserver"},
-        threads={"worker": 1, "main": None},
-        process={},
-        cache={"backend": "pickle", "path": "/very/long/cache/path/" + "x" * 120, "manifest": {}},
+        config=LoaderConfig(num_workers=workers, prefetch_factor=4 if workers else None, persistent_workers=workers > 0,
+                            multiprocessing_context="forkserver" if workers else None, cache="pickle"),
         measured={"epoch_seconds": 2.5, "first_epoch_seconds": 4.0, "total_seconds": 9.0,
                   "default_epoch_seconds": 10.0, "default_total_seconds": 30.0, "speedup": 3.33,
                   "peak_memory_bytes": 3 * 1024**3, "trials": 17, "failed_trials": 2,
@@ -120,10 +118,10 @@ def test_show_marks_this_machine_and_fits_100_columns(matching, capsys):
     here = hardware.collect()["fingerprint"]
     assert f"* {here}  <- this machine" in lines
     assert out.count("<- this machine") == 1
-    assert lines[0].startswith("2 profiles (format version 1) in")
+    assert lines[0].startswith("2 profiles (format version 2) in")
     for text in ["Imaginary CPU 9000", "1x NVIDIA H100 80GB HBM3", "examples/jpeg_folder.py:dataset",
                  "2000 samples", "batch 64", "num_workers=1,", "num_workers=8,",
-                 "multiprocessing_context='forkserver'", "worker 1, main default", "cache pickle at",
+                 "multiprocessing_context='forkserver'", "worker default, main default", "cache pickle",
                  "2.50 s per epoch vs 10.0 s for the default", "3.33x", "peak 3.0 GiB", "17 trials (2 failed)",
                  "seeded subset of 256 of 2000 samples, extrapolated"]:
         assert text in " ".join(out.split()), text
@@ -136,7 +134,7 @@ def test_show_sample_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert max(map(len, out.splitlines())) <= 100
     for text in ["Intel(R) Core(TM) i7-1185G7", "4x NVIDIA A100-SXM4-80GB", "torch 2.13 (CUDA 12.4)",
-                 "measured on all 2000 samples", "allocator='jemalloc'", "cache       none",
+                 "measured on all 2000 samples", "allocator=jemalloc", "cache       none",
                  "cache       memory", "10.14x", "48 trials (3 failed)"]:
         assert text in out, text
     if hardware.collect()["fingerprint"] not in RecipeFile.read(path).profiles:
@@ -146,14 +144,13 @@ def test_show_sample_file(tmp_path, capsys):
 def test_show_default_profile_says_so(tmp_path, capsys):
     path = tmp_path / "autotune.json"
     p = make_profile(hardware.collect(), 0)
-    p.loader = {"num_workers": 0}
-    p.cache = None
+    p.config = LoaderConfig()
     p.measured = {"is_default": True, "trials": 5, "subset": None}
     RecipeFile.merge_write(path, p)
     assert main(["show", str(path)]) == 0
     out = capsys.readouterr().out
     assert "the plain default was fastest here" in out
-    assert "1 profile (format version 1)" in out
+    assert "1 profile (format version 2)" in out
 
 
 def test_show_missing_and_corrupt_exit_2(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""The dataset-file contract (DESIGN §1) and every bad input of issue 2, through the real CLI."""
+"""The dataset-file contract (docs/architecture.md §1) and every bad input, through the real CLI."""
 
 from __future__ import annotations
 

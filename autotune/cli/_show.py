@@ -79,7 +79,7 @@ def _subset(subset: Any, length: Any) -> str:
 
 
 def _process_command(p: Profile) -> str | None:
-    """The exact command that starts training with the recipe's process settings (issue 7)."""
+    """The exact command that starts training with the recipe's process settings."""
     from autotune.recipe._process import PRELOAD_ALLOCATORS, command_line
 
     settings = p.config.process_settings()

@@ -1,4 +1,4 @@
-"""Import the user's dataset file and resolve the dataset and the optional hooks it declares (DESIGN §1)."""
+"""Import the user's dataset file and resolve the dataset and the optional hooks it declares (docs/architecture.md §1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cold means cold (DESIGN §3): find the files a dataset reads, drop them from the page cache, check it.
+"""Cold means cold (docs/architecture.md §3): find the files a dataset reads, drop them from the page cache, check it.
 
 - ``record_files(fn)`` runs ``fn`` and returns the regular files it opened for reading, seen through
   ``sys.addaudithook`` "open" events.  Audit hooks cannot be removed, so one hook is installed once,

@@ -1,6 +1,6 @@
 """The memory allocators autotune can choose between, and how to switch them on.
 
-Four choices (DESIGN §2, issue 7):
+Four choices (docs/architecture.md §2):
 
 - ``glibc``: the C library's allocator as the process starts.
 - ``glibc-tuned``: glibc with raised ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD``, so a freed large

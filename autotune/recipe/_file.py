@@ -244,7 +244,10 @@ def _migrate(data: dict, path: Path) -> dict:
                 f"Recipe file {path} has format version {version}, which this autotune can no "
                 f"longer convert; run `autotune search DATASET` again to write a new one."
             )
-        data = step(copy.deepcopy(data))
+        try:
+            data = step(copy.deepcopy(data))
+        except RecipeError as exc:
+            raise _corrupt(path, str(exc)) from None
         version += 1
         data["version"] = version
     return data

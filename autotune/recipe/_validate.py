@@ -1,4 +1,4 @@
-"""The promise checked: run a recipe for real and compare with what it predicted (issue 4).
+"""The promise checked: run a recipe for real and compare with what it predicted.
 
 A validation is one user run in miniature, in this process: the dataset's files (and a disk cache's)
 are evicted from the page cache, the recipe's DataLoader is built (a cache is opened or built, timed),

@@ -1,4 +1,4 @@
-"""From a measured subset to the predicted wall time of the user's whole run (DESIGN §3).
+"""From a measured subset to the predicted wall time of the user's whole run (docs/architecture.md §3).
 
 An epoch of ``b`` batches is modelled as a head (iterator creation to the HEAD-th batch: worker start,
 the first fetches, allocator and thread-pool warm-up) plus ``b - HEAD`` steady batches. A subset run

@@ -1,5 +1,5 @@
 """The Optuna loop: ask a candidate, measure it in its own process, tell the figure; then re-measure the
-finalists interleaved and check the winner against the plain default (DESIGN §3)."""
+finalists interleaved and check the winner against the plain default (docs/architecture.md §3)."""
 
 from __future__ import annotations
 
