@@ -13,6 +13,7 @@ from autotune._duration import parse_duration
 from autotune.errors import AutotuneError
 from autotune.recipe._factory import _UNSET, build_loader
 from autotune.recipe._file import Profile, RecipeFile, choose_profile
+from autotune.recipe._measured import Finalist, Measured, RunFigures, Subset
 from autotune.tuner._study import Outcome, SearchOptions, search as run_search
 from autotune.config import LoaderConfig
 from autotune.dataset._userfile import UserSpec, check_map_style, load_user_file
@@ -41,8 +42,8 @@ class Recipe:
         return self.config.loader_kwargs()
 
     @property
-    def measured(self) -> dict[str, Any]:
-        return dict(self.profile.measured)
+    def measured(self) -> Measured:
+        return self.profile.measured
 
     def dataloader(self, dataset: Any, *, transform: Callable | None = None, cache: Any = _UNSET,
                    cache_dir: str | os.PathLike | None = None, apply_process_settings: bool = True,
@@ -58,9 +59,14 @@ class Recipe:
 
     def __repr__(self) -> str:
         where = "this machine" if self.matches_this_machine else "other hardware"
-        speedup = self.profile.measured.get("speedup")
-        extra = f", {speedup:.2f}x the default" if isinstance(speedup, (int, float)) else ""
+        speedup = self.profile.measured.speedup
+        extra = f", {speedup:.2f}x the default" if speedup is not None else ""
         return f"Recipe({self.config.describe()}; tuned on {where}{extra})"
+
+
+def _figures(prediction: dict[str, Any]) -> RunFigures:
+    return RunFigures(**{k: prediction[k] for k in ("build_seconds", "first_epoch_seconds", "epoch_seconds",
+                                                     "total_seconds")})
 
 
 def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
@@ -71,33 +77,28 @@ def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
         dataset={"source": spec.source, "length": outcome.probe.length, "fingerprint": outcome.probe.fingerprint},
         settings={"batch_size": spec.batch_size, "epochs": spec.epochs},
         config=config,
-        measured={
-            "epoch_seconds": pred["epoch_seconds"],
-            "first_epoch_seconds": pred["first_epoch_seconds"],
-            "build_seconds": pred["build_seconds"],
-            "total_seconds": pred["total_seconds"],
-            "default_epoch_seconds": dpred["epoch_seconds"],
-            "default_first_epoch_seconds": dpred["first_epoch_seconds"],
-            "default_total_seconds": dpred["total_seconds"],
-            "speedup": dpred["total_seconds"] / pred["total_seconds"],
-            "peak_memory_bytes": figures["peak_memory_bytes"],
-            "default_peak_memory_bytes": default["peak_memory_bytes"],
-            "runs_seconds": figures.get("runs", []),
-            "default_runs_seconds": default.get("runs", []),
-            "trials": outcome.trials,
-            "failed_trials": len(outcome.failed),
-            "failures": sorted(set(outcome.failed))[:10],
-            "pruned_trials": outcome.pruned,
-            "search_seconds": outcome.search_seconds,
-            "subset": {"measured": len(outcome.plan.indices), "length": outcome.probe.length,
-                       "extrapolated": len(outcome.plan.indices) < outcome.probe.length},
-            "is_default": outcome.is_default,
-            "note": outcome.note,
-            "notes": outcome.notes,
-            "has_transform": spec.transform is not None,
-            "finalists": outcome.finalists,
-            "study": outcome.study,
-        },
+        measured=Measured(
+            chosen=_figures(pred),
+            default=_figures(dpred),
+            peak_memory_bytes=figures["peak_memory_bytes"],
+            default_peak_memory_bytes=default["peak_memory_bytes"],
+            runs_seconds=tuple(figures.get("runs", ())),
+            default_runs_seconds=tuple(default.get("runs", ())),
+            trials=outcome.trials,
+            failed_trials=len(outcome.failed),
+            failures=tuple(sorted(set(outcome.failed))[:10]),
+            pruned_trials=outcome.pruned,
+            search_seconds=outcome.search_seconds,
+            subset=Subset(measured=len(outcome.plan.indices), length=outcome.probe.length),
+            is_default=outcome.is_default,
+            note=outcome.note,
+            notes=tuple(outcome.notes),
+            has_transform=spec.transform is not None,
+            finalists=tuple(Finalist(LoaderConfig.from_json(f["config"]), tuple(f["total_seconds"]))
+                            for f in outcome.finalists),
+            study_name=outcome.study.get("name", ""),
+            study_storage=outcome.study.get("storage", ""),
+        ),
     )
 
 

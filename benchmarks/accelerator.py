@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                                f"{100 * u['median']:.0f}% ({100 * u['min']:.0f}–{100 * u['max']:.0f}%)" if u else "–"])
         results.append({"compute_ms": ms, "rows": rows,
                         "search": {**timing, "config": recipe.config.to_json(), "describe": recipe.config.describe(),
-                                   "trials": outcome.trials, "measured": recipe.measured},
+                                   "trials": outcome.trials, "measured": recipe.measured.to_json()},
                         "profile": recipe.profile.to_dict()})
     table = C.markdown_table(["compute per batch, ms", "loader", "recipe", "total wall, s", "utilisation"],
                              table_rows)

@@ -214,7 +214,7 @@ def search_and_grid(args, work: Path) -> dict:
     return {
         "search": {**timing, "config": recipe.config.to_json(), "describe": recipe.config.describe(),
                    "trials": outcome.trials, "pruned": outcome.pruned, "failed": len(outcome.failed),
-                   "search_seconds": outcome.search_seconds, "measured": recipe.measured,
+                   "search_seconds": outcome.search_seconds, "measured": recipe.measured.to_json(),
                    "plan_samples": len(outcome.plan.indices), "study": outcome.study,
                    "trial_log": C.study_trials(outcome)},
         "grid": {"space": repr(space), "points": len(points), "complete": not args.quick, "wall_s": grid_wall,

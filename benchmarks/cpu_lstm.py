@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick, "repeats": repeats, "reviews": args.reviews, "batch_size": imdb_lstm.batch_size,
         "epochs": epochs, "budget_s": args.budget, "rows": rows, "speedup": speedup,
         "search": {**timing, "config": recipe.config.to_json(), "describe": recipe.config.describe(),
-                   "trials": outcome.trials, "measured": recipe.measured},
+                   "trials": outcome.trials, "measured": recipe.measured.to_json()},
         "profile": recipe.profile.to_dict(), "table_markdown": table, "notes": notes,
         "wall_s": time.perf_counter() - started,
     }, args.output)

@@ -70,11 +70,11 @@ def paths_part(args, work: Path) -> list[dict]:
                                                     caches=("none",), **limits)
         m = recipe.measured
         out.append({"path": label, "picked": recipe.config.describe(), "allocator": recipe.config.allocator,
-                    "epoch_s": m["epoch_seconds"], "default_epoch_s": m["default_epoch_seconds"],
-                    "runs_s": m["runs_seconds"], "default_runs_s": m["default_runs_seconds"],
+                    "epoch_s": m.chosen.epoch_seconds, "default_epoch_s": m.default.epoch_seconds,
+                    "runs_s": list(m.runs_seconds), "default_runs_s": list(m.default_runs_seconds),
                     "search_s": timing["wall_s"]})
-        C.say(f"  -> {recipe.config.describe()}: epoch {m['epoch_seconds']:.2f} s vs default "
-              f"{m['default_epoch_seconds']:.2f} s")
+        C.say(f"  -> {recipe.config.describe()}: epoch {m.chosen.epoch_seconds:.2f} s vs default "
+              f"{m.default.epoch_seconds:.2f} s")
     return out
 
 

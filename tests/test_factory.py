@@ -13,6 +13,7 @@ import autotune
 from autotune.machine import _hardware as hardware
 from autotune.config import LoaderConfig
 from autotune.recipe._file import Profile, RecipeFile
+from autotune.recipe._measured import Measured
 
 from workloads import Numbers, double
 
@@ -26,7 +27,7 @@ def write_recipe(path, *, hw=None, config=None, batch_size=8, measured=None):
         settings={"batch_size": batch_size, "epochs": 2},
         config=config or LoaderConfig(num_workers=2, prefetch_factor=4, persistent_workers=True,
                                       multiprocessing_context="fork"),
-        measured=measured or {},
+        measured=Measured.from_json(measured),
     )
     RecipeFile.merge_write(path, profile)
     return path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import warnings
@@ -13,6 +14,7 @@ import pytest
 from autotune.machine import _hardware as hardware
 from autotune.recipe import _file as recipe
 from autotune.config import LoaderConfig
+from autotune.recipe._measured import Measured, RunFigures, Subset
 from autotune.errors import HardwareMismatch, RecipeError
 from autotune.recipe._file import Profile, RecipeFile, RecipeMismatchWarning, choose_profile
 
@@ -46,8 +48,8 @@ def profile(hardware_: dict | None = None, workers: int = 4, **kw) -> Profile:
         settings={"batch_size": 64, "epochs": 3},
         config=LoaderConfig(num_workers=workers, prefetch_factor=2, persistent_workers=True,
                             multiprocessing_context="fork", cache="memory") if workers else LoaderConfig(),
-        measured={"epoch_seconds": 1.5, "default_epoch_seconds": 6.0, "speedup": 4.0,
-                  "trials": 20, "failed_trials": 1, "subset": None, "is_default": False},
+        measured=Measured.from_json({"epoch_seconds": 1.5, "default_epoch_seconds": 6.0, "speedup": 4.0,
+                  "trials": 20, "failed_trials": 1, "subset": None, "is_default": False}),
         created="2026-05-01T10:00:00+00:00",
         autotune_version="0.1.0",
         **kw,
@@ -81,7 +83,7 @@ def test_profile_dict_round_trip_keeps_unknown_keys():
 
 def test_profile_defaults():
     p = Profile(hardware=hw(), dataset={"source": "<python object: Foo>", "length": 3}, settings={})
-    assert p.config == LoaderConfig() and p.measured == {}
+    assert p.config == LoaderConfig() and p.measured == Measured()
     assert p.created.startswith("20")
     assert p.fingerprint == hw()["fingerprint"]
 
@@ -246,7 +248,7 @@ def test_non_finite_measurement_is_refused_before_writing(tmp_path):
     RecipeFile.merge_write(path, profile())
     before = path.read_bytes()
     bad = profile(hw(usable_cpus=2))
-    bad.measured["epoch_seconds"] = float("nan")
+    bad.measured = Measured(chosen=RunFigures(epoch_seconds=float("nan")))
     with pytest.raises(ValueError):
         RecipeFile.merge_write(path, bad)
     assert path.read_bytes() == before
@@ -265,7 +267,7 @@ def test_saved_v1_sample_loads():
                                          multiprocessing_context="fork")
     assert node.hardware["gpus"] == ["NVIDIA A100-SXM4-80GB"] * 4
     assert node.config.cache == "memory"
-    assert node.measured["subset"] == {"measured": 512, "length": 2000, "extrapolated": True}
+    assert node.measured.subset == Subset(measured=512, length=2000) and node.measured.subset.extrapolated
     # the keys on disk are the fingerprints the hardware gives today
     raw = json.loads(SAMPLE.read_text())
     assert set(raw["profiles"]) == set(rf.profiles)
@@ -279,8 +281,9 @@ def test_saved_v1_sample_rewrites_as_v2_keeping_everything_else(tmp_path):
     assert new["version"] == 2 and set(new["profiles"]) == set(old["profiles"])
     for fp, p in new["profiles"].items():
         before = old["profiles"][fp]
-        assert {k: v for k, v in p.items() if k != "config"} == {
-            k: v for k, v in before.items() if k not in ("loader", "threads", "process", "cache")}
+        assert {k: v for k, v in p.items() if k not in ("config", "measured")} == {
+            k: v for k, v in before.items() if k not in ("loader", "threads", "process", "cache", "measured")}
+        assert Measured.from_json(p["measured"]) == Measured.from_json(before["measured"])
         assert LoaderConfig.from_json(p["config"]).loader_kwargs() == {
             k: v for k, v in before["loader"].items() if before["loader"]["num_workers"] or k in ("num_workers", "pin_memory")}
 
@@ -389,3 +392,23 @@ def test_choose_against_this_machine_with_sample():
     p, changes = choose_profile(rf, here, on_mismatch="search")
     assert (changes == []) == (here["fingerprint"] in rf.profiles)
     assert p.fingerprint in rf.profiles
+
+
+def test_measured_round_trips_exactly_and_derives_the_speedup():
+    m = profile().measured
+    assert m.chosen.epoch_seconds == 1.5 and m.default.epoch_seconds == 6.0
+    assert m.speedup is None  # no whole-run figures: nothing to divide (the 4.0 on disk was not trusted)
+    again = Measured.from_json(json.loads(json.dumps(m.to_json())))
+    assert again == m
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("total_seconds", "fast", "measured.total_seconds must be a non-negative number of seconds, but got 'fast'"),
+    ("peak_memory_bytes", "lots", "measured.peak_memory_bytes must be a non-negative integer, but got 'lots'"),
+    ("trials", -3, "measured.trials must be a non-negative integer, but got -3"),
+    ("is_default", "yes", "measured.is_default must be true or false, but got 'yes'"),
+    ("finalists", [{"config": {"num_workers": "two"}}], "num_workers must be an integer from 0 to 1024"),
+])
+def test_bad_measured_figures_are_one_line_recipe_errors(key, value, message):
+    with pytest.raises(RecipeError, match=re.escape(message)):
+        Measured.from_json({key: value})

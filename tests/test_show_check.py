@@ -11,6 +11,7 @@ from autotune.machine import _hardware as hardware
 from autotune.cli._main import main
 from autotune.config import LoaderConfig
 from autotune.recipe._file import Profile, RecipeFile
+from autotune.recipe._measured import Measured
 
 SAMPLE = Path(__file__).parent / "data" / "recipe_v1.json"
 
@@ -22,10 +23,10 @@ def make_profile(hw: dict, workers: int) -> Profile:
         settings={"batch_size": 64, "epochs": 3},
         config=LoaderConfig(num_workers=workers, prefetch_factor=4 if workers else None, persistent_workers=workers > 0,
                             multiprocessing_context="forkserver" if workers else None, cache="pickle"),
-        measured={"epoch_seconds": 2.5, "first_epoch_seconds": 4.0, "total_seconds": 9.0,
+        measured=Measured.from_json({"epoch_seconds": 2.5, "first_epoch_seconds": 4.0, "total_seconds": 9.0,
                   "default_epoch_seconds": 10.0, "default_total_seconds": 30.0, "speedup": 3.33,
                   "peak_memory_bytes": 3 * 1024**3, "trials": 17, "failed_trials": 2,
-                  "subset": {"measured": 256, "length": 2000, "extrapolated": True}, "is_default": False},
+                  "subset": {"measured": 256, "length": 2000, "extrapolated": True}, "is_default": False}),
         created="2026-05-09T08:00:00+00:00",
         autotune_version="0.1.0",
     )
@@ -145,7 +146,7 @@ def test_show_default_profile_says_so(tmp_path, capsys):
     path = tmp_path / "autotune.json"
     p = make_profile(hardware.collect(), 0)
     p.config = LoaderConfig()
-    p.measured = {"is_default": True, "trials": 5, "subset": None}
+    p.measured = Measured.from_json({"is_default": True, "trials": 5, "subset": None})
     RecipeFile.merge_write(path, p)
     assert main(["show", str(path)]) == 0
     out = capsys.readouterr().out

@@ -12,6 +12,8 @@ from autotune import cli
 from autotune.machine import _hardware as hardware
 from autotune.tuner._predict import EpochTiming, scale_epoch
 from autotune.recipe._file import Profile, RecipeFile
+from autotune.config import LoaderConfig
+from autotune.recipe._measured import Measured
 from autotune.recipe._validate import error_percent, store, validate
 
 from evict_workloads import FileSamples, page_cache_is_droppable, write_files
@@ -22,13 +24,13 @@ MEASURED = {"first_epoch_seconds": 2.0, "epoch_seconds": 0.5, "build_seconds": 0
             "speedup": 1.0}
 
 
-def write_recipe(path, *, loader=None, batch_size=8):
+def write_recipe(path, *, config=None, batch_size=8):
     profile = Profile(
         hardware=hardware.collect(),
         dataset={"source": "<python object: FileSamples>", "length": 40, "fingerprint": "x"},
         settings={"batch_size": batch_size, "epochs": 2},
-        loader=loader or {"num_workers": 0, "pin_memory": False},
-        measured=dict(MEASURED),
+        config=config or LoaderConfig(),
+        measured=Measured.from_json(dict(MEASURED)),
     )
     RecipeFile.merge_write(path, profile)
     return path
@@ -67,9 +69,8 @@ def test_validate_whole_epochs(tmp_path, files):
 
 
 def test_validate_bounded_and_extrapolated_with_workers(tmp_path, files):
-    loader = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": True, "pin_memory": False,
-              "multiprocessing_context": "fork"}
-    recipe = autotune.load(write_recipe(tmp_path / "autotune.json", loader=loader, batch_size=4))
+    config = LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True, multiprocessing_context="fork")
+    recipe = autotune.load(write_recipe(tmp_path / "autotune.json", config=config, batch_size=4))
     seen = []
     v = validate(recipe, FileSamples(files), train_step=lambda batch: seen.append(batch[1].tolist()), max_batches=3)
     assert (v.batches_measured, v.full_batches, v.extrapolated) == (3, 10, True)
@@ -105,7 +106,7 @@ def test_store_writes_the_validation_and_keeps_the_rest(tmp_path, files):
     assert stored == json.loads(json.dumps(v.to_dict()))
     after["profiles"][fp]["measured"].pop("validation")
     assert after == before
-    assert autotune.load(path).measured["validation"]["first_epoch_error_percent"] == v.first_epoch_error_percent
+    assert autotune.load(path).measured.validation["first_epoch_error_percent"] == v.first_epoch_error_percent
 
 
 def test_bad_arguments(tmp_path, files):

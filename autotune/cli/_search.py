@@ -92,26 +92,27 @@ def summary(recipe, outcome, output: str | None) -> str:
         lines.append(f"note: {note}")
     if outcome.failed:
         lines.append(f"{len(outcome.failed)} candidate(s) failed, e.g.: {outcome.failed[0]}")
-    lines.append(f"Best DataLoader settings ({'the plain default' if m['is_default'] else 'tuned'}):")
+    lines.append(f"Best DataLoader settings ({'the plain default' if m.is_default else 'tuned'}):")
     lines.append(f"  {recipe.config.describe()}")
-    ratio = m["epoch_seconds"] / m["default_epoch_seconds"]
+    mine, theirs = m.chosen, m.default
+    ratio = mine.epoch_seconds / theirs.epoch_seconds
     lines.append(
-        f"  epoch: {format_seconds(m['epoch_seconds'])} vs {format_seconds(m['default_epoch_seconds'])} for the default "
+        f"  epoch: {format_seconds(mine.epoch_seconds)} vs {format_seconds(theirs.epoch_seconds)} for the default "
         f"(num_workers=0): {ratio:.2f}x the default's time"
     )
     lines.append(
         f"  whole run ({recipe.profile.settings['epochs']} epochs"
-        f"{', cache build included' if recipe.config.cache else ''}): {format_seconds(m['total_seconds'])} vs "
-        f"{format_seconds(m['default_total_seconds'])}: {m['speedup']:.2f}x faster"
+        f"{', cache build included' if recipe.config.cache else ''}): {format_seconds(mine.total_seconds)} vs "
+        f"{format_seconds(theirs.total_seconds)}: {m.speedup:.2f}x faster"
     )
-    lines.append(f"  peak memory (main + workers, PSS): {format_bytes(m['peak_memory_bytes'])}")
-    sub = m["subset"]
-    scope = f"a seeded subset of {sub['measured']} of {sub['length']} samples, extrapolated" if sub["extrapolated"] \
-        else f"all {sub['length']} samples"
-    lines.append(f"  measured on {scope}; {m['trials']} trials ({m['pruned_trials']} pruned, "
-                 f"{m['failed_trials']} failed) in {format_seconds(m['search_seconds'])}")
-    if m["note"] and m["is_default"]:
-        lines.append(f"  {m['note']}")
+    lines.append(f"  peak memory (main + workers, PSS): {format_bytes(m.peak_memory_bytes)}")
+    sub = m.subset
+    scope = f"a seeded subset of {sub.measured} of {sub.length} samples, extrapolated" if sub.extrapolated \
+        else f"all {sub.length} samples"
+    lines.append(f"  measured on {scope}; {m.trials} trials ({m.pruned_trials} pruned, "
+                 f"{m.failed_trials} failed) in {format_seconds(m.search_seconds)}")
+    if m.note and m.is_default:
+        lines.append(f"  {m.note}")
     if output:
         lines.append(f"Recipe written to {output}; use it with autotune.dataloader(dataset, {str(output)!r}).")
     return "\n".join(lines)
@@ -134,7 +135,7 @@ def validate_recipe(recipe, spec, args) -> str:
     """Run the recipe for real and store predicted against measured in the recipe file."""
     from autotune.cli._validate import validate_spec
 
-    subset = recipe.profile.measured["subset"]
+    subset = recipe.profile.measured.subset
     # A dataset too large to read whole during a search is validated on as many batches as a trial read.
-    max_batches = max(2, subset["measured"] // spec.batch_size) if subset["extrapolated"] else None
+    max_batches = max(2, subset.measured // spec.batch_size) if subset and subset.extrapolated else None
     return validate_spec(recipe, spec, recipe_path=args.output, data_dir=args.data_dir, max_batches=max_batches)

@@ -9,6 +9,7 @@ from typing import Any
 
 from autotune.machine import _hardware as hardware
 from autotune.recipe._file import VERSION, Profile, RecipeFile
+from autotune.recipe._measured import Subset
 
 WIDTH = 100
 _LABEL = 12  # column where values start, after "    label   "
@@ -58,24 +59,12 @@ def _pairs(d: dict[str, Any]) -> str:
     return ", ".join(f"{k}={_value(v)}" for k, v in d.items())
 
 
-def _speedup(m: dict[str, Any]) -> float | None:
-    s = m.get("speedup")
-    if isinstance(s, (int, float)) and not isinstance(s, bool):
-        return float(s)
-    e, d = m.get("epoch_seconds"), m.get("default_epoch_seconds")
-    if isinstance(e, (int, float)) and isinstance(d, (int, float)) and e > 0:
-        return d / e
-    return None
-
-
-def _subset(subset: Any, length: Any) -> str:
-    if not subset:
+def _subset(subset: Subset | None) -> str:
+    if subset is None:
         return "measured on the whole dataset"
-    if isinstance(subset, dict) and "measured" in subset:
-        if not subset.get("extrapolated"):
-            return f"measured on all {subset['measured']} samples"
-        return f"measured on a seeded subset of {subset['measured']} of {subset.get('length', length)} samples, extrapolated"
-    return f"measured on a subset ({subset}), extrapolated"
+    if not subset.extrapolated:
+        return f"measured on all {subset.measured} samples"
+    return f"measured on a seeded subset of {subset.measured} of {subset.length} samples, extrapolated"
 
 
 def _process_command(p: Profile) -> str | None:
@@ -113,34 +102,32 @@ def _rows(p: Profile) -> list[tuple[str, str]]:
     rows.append(("cache", c.cache or "none"))
 
     m = p.measured
-    epoch, default = _seconds(m.get("epoch_seconds")), _seconds(m.get("default_epoch_seconds"))
+    epoch, default = _seconds(m.chosen.epoch_seconds), _seconds(m.default.epoch_seconds)
     if epoch:
         text = f"{epoch} per epoch"
         if default:
             text += f" vs {default} for the default (num_workers=0)"
-        speed = _speedup(m)
-        first = _seconds(m.get("first_epoch_seconds"))
+        first = _seconds(m.chosen.first_epoch_seconds)
         if first:
             text += f"; first epoch {first}"
         rows.append(("predicted", text))
-    total, dtotal = _seconds(m.get("total_seconds")), _seconds(m.get("default_total_seconds"))
+    total, dtotal = _seconds(m.chosen.total_seconds), _seconds(m.default.total_seconds)
     if total:
         text = f"{total} in all" + (f" vs {dtotal} for the default" if dtotal else "")
-        speed = _speedup(m)
-        if speed is not None:
-            text += f": {speed:.2f}x as fast"
+        if m.speedup is not None:
+            text += f": {m.speedup:.2f}x as fast"
         rows.append(("total", text))
-    if m.get("is_default"):
+    if m.is_default:
         rows.append(("verdict", "the plain default was fastest here; the recipe is the default"))
-    if m.get("peak_memory_bytes") is not None:
-        rows.append(("memory", f"peak {hardware.format_bytes(m['peak_memory_bytes'])} (main + workers)"))
+    if m.peak_memory_bytes is not None:
+        rows.append(("memory", f"peak {hardware.format_bytes(m.peak_memory_bytes)} (main + workers)"))
     trials = []
-    if m.get("trials") is not None:
-        trials.append(f"{m['trials']} trials" + (f" ({m['failed_trials']} failed)" if m.get("failed_trials") else ""))
-    trials.append(_subset(m.get("subset"), d.get("length")))
+    if m.trials is not None:
+        trials.append(f"{m.trials} trials" + (f" ({m.failed_trials} failed)" if m.failed_trials else ""))
+    trials.append(_subset(m.subset))
     rows.append(("search", ", ".join(trials)))
-    if m.get("note"):
-        rows.append(("note", str(m["note"])))
+    if m.note:
+        rows.append(("note", m.note))
     rows.append(("created", f"{p.created or 'unknown'} by autotune {p.autotune_version}"))
     return rows
 

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.config import DEFAULT
 from autotune.errors import AutotuneError
+from autotune.recipe._measured import Measured
 
 __all__ = ["SECTIONS", "ReportResult", "TrialRow", "build_report", "load_trials"]
 
@@ -120,7 +122,7 @@ def _measured(rows: list[TrialRow]) -> list[TrialRow]:
     return [r for r in rows if r.state == "COMPLETE" and not r.repeat and r.value is not None]
 
 
-def _plot_history(rows: list[TrialRow], measured: dict[str, Any]) -> bytes:
+def _plot_history(rows: list[TrialRow], measured: Measured) -> bytes:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.2))
     done = [r for r in rows if r.state == "COMPLETE" and r.value is not None]
@@ -138,8 +140,8 @@ def _plot_history(rows: list[TrialRow], measured: dict[str, Any]) -> bytes:
         ys.append(best)
     if xs:
         ax.step(xs, ys, where="post", color=_CHOSEN, label="best so far")
-    if measured.get("default_total_seconds"):
-        ax.axhline(measured["default_total_seconds"], color=_DEFAULT, ls="--", lw=1,
+    if measured.default.total_seconds:
+        ax.axhline(measured.default.total_seconds, color=_DEFAULT, ls="--", lw=1,
                    label="default (num_workers=0), re-measured")
     if failed:
         bottom = ax.get_ylim()[0]
@@ -218,22 +220,17 @@ def _label(config: dict[str, Any]) -> str:
 
 def _finalist_rows(profile: Any) -> list[tuple[str, list[float], str]]:
     """(label, runs in seconds, role) for each finalist: role "chosen", "default" or "finalist"."""
-    from autotune.config import LoaderConfig
-
     chosen = profile.config
+    m = profile.measured
     out = []
-    for f in profile.measured.get("finalists") or []:
-        config = LoaderConfig.from_json(f.get("config") or {})
-        role = "chosen" if config == chosen else "default" if config.num_workers == 0 and not config.cache \
-            else "finalist"
-        out.append((_label(f.get("config") or {}), [float(x) for x in f.get("total_seconds") or []], role))
+    for f in m.finalists:
+        role = "chosen" if f.config == chosen else "default" if f.config == DEFAULT else "finalist"
+        out.append((_label(f.config.to_json()), list(f.total_seconds), role))
     if not out:  # an older recipe: the chosen and the default from the measured figures
-        m = profile.measured
-        out.append((_label(chosen.to_json()), list(m.get("runs_seconds") or [m.get("total_seconds", 0.0)]),
-                     "chosen"))
-        if not m.get("is_default"):
-            out.append(("num_workers=0, cache=none", list(m.get("default_runs_seconds")
-                                                          or [m.get("default_total_seconds", 0.0)]), "default"))
+        out.append((_label(chosen.to_json()), list(m.runs_seconds or [m.chosen.total_seconds or 0.0]), "chosen"))
+        if not m.is_default:
+            out.append(("num_workers=0, cache=none",
+                        list(m.default_runs_seconds or [m.default.total_seconds or 0.0]), "default"))
     out.sort(key=lambda row: {"chosen": 0, "finalist": 1, "default": 2}[row[2]])
     return out
 
@@ -268,15 +265,15 @@ def _cold_warm_rows(profile: Any, rows: list[TrialRow] | None) -> list[tuple[str
 
     m = profile.measured
     chosen = profile.config
-    out = [(_label(chosen.to_json()), m.get("first_epoch_seconds", 0.0), m.get("epoch_seconds", 0.0), "chosen")]
-    if not m.get("is_default"):
-        out.append(("num_workers=0, cache=none", m.get("default_first_epoch_seconds", 0.0),
-                    m.get("default_epoch_seconds", 0.0), "default"))
+    out = [(_label(chosen.to_json()), m.chosen.first_epoch_seconds or 0.0, m.chosen.epoch_seconds or 0.0, "chosen")]
+    if not m.is_default:
+        out.append(("num_workers=0, cache=none", m.default.first_epoch_seconds or 0.0,
+                    m.default.epoch_seconds or 0.0, "default"))
     if rows:
         runs = [r for r in _measured(rows) if r.prediction]
-        for f in m.get("finalists") or []:
-            config = LoaderConfig.from_json(f.get("config") or {})
-            if config == chosen or (config.num_workers == 0 and not config.cache):
+        for f in m.finalists:
+            config = f.config
+            if config == chosen or config == DEFAULT:
                 continue
             same = [r for r in runs if LoaderConfig.from_json(r.config) == config]
             if same:
@@ -362,11 +359,11 @@ def build_report(recipe_path: str | os.PathLike, output: str | os.PathLike = "re
         result.profile_note = (f"No profile was tuned on this machine; showing the nearest "
                                f"({profile.fingerprint}): {'; '.join(changes)}.")
     m = profile.measured
-    study = m.get("study") or {}
+    study = {"name": m.study_name, "storage": m.study_storage} if m.study_name else {}
     rows, result.study_note = load_trials(study)
     result.study_opened = rows is not None
-    if study.get("storage"):
-        result.dashboard_command = f"optuna-dashboard {study['storage']}"
+    if m.study_storage:
+        result.dashboard_command = f"optuna-dashboard {m.study_storage}"
 
     images: dict[str, bytes] = {}
     if rows is not None:
@@ -380,19 +377,20 @@ def build_report(recipe_path: str | os.PathLike, output: str | os.PathLike = "re
     parts = [f"<h1>autotune report: {html.escape(str(profile.dataset.get('source', '?')))}</h1>"]
     summary = [
         ("recipe file", str(recipe_path)),
-        ("chosen settings", config.describe() + (" (the plain default)" if m.get("is_default") else "")),
-        ("whole run", f"{format_seconds(m.get('total_seconds', 0))} vs "
-                      f"{format_seconds(m.get('default_total_seconds', 0))} for the default: "
-                      f"{m.get('speedup', 1):.2f}x faster"),
-        ("epoch (warm)", f"{format_seconds(m.get('epoch_seconds', 0))} vs "
-                         f"{format_seconds(m.get('default_epoch_seconds', 0))}"),
-        ("peak memory", format_bytes(m.get("peak_memory_bytes", 0))),
+        ("chosen settings", config.describe() + (" (the plain default)" if m.is_default else "")),
+        ("whole run", f"{format_seconds(m.chosen.total_seconds or 0)} vs "
+                      f"{format_seconds(m.default.total_seconds or 0)} for the default: "
+                      f"{m.speedup or 1:.2f}x faster"),
+        ("epoch (warm)", f"{format_seconds(m.chosen.epoch_seconds or 0)} vs "
+                         f"{format_seconds(m.default.epoch_seconds or 0)}"),
+        ("peak memory", format_bytes(m.peak_memory_bytes or 0)),
         ("batch size, epochs", f"{profile.settings.get('batch_size')}, {profile.settings.get('epochs')}"),
-        ("trials", f"{m.get('trials', '?')} ({m.get('pruned_trials', 0)} pruned, {m.get('failed_trials', 0)} failed)"),
+        ("trials", f"{m.trials if m.trials is not None else '?'} ({m.pruned_trials} pruned, "
+                   f"{m.failed_trials} failed)"),
         ("tuned", profile.created),
     ]
-    if m.get("note"):
-        summary.append(("note", m["note"]))
+    if m.note:
+        summary.append(("note", m.note))
     parts.append(_table(summary))
     if result.profile_note:
         parts.append(f'<p class="note">{html.escape(result.profile_note)}</p>')

@@ -133,7 +133,7 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = Non
             "passed; the tuned settings may not be the fastest for it. Re-tune with --batch-size.",
             stacklevel=_caller_stacklevel(),
         )
-    if (profile.measured or {}).get("has_transform") and transform is None:
+    if profile.measured.has_transform and transform is None:
         warnings.warn("The recipe was tuned with a per-sample transform; pass transform=... so the loader "
                       "applies it after the cache, every epoch.", stacklevel=_caller_stacklevel())
     config, res = _resolve(profile, overrides, cache)

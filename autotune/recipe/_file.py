@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 from autotune.machine import _hardware
 from autotune.config import LoaderConfig
 from autotune.errors import HardwareMismatch, RecipeError
+from autotune.recipe._measured import Measured
 
 __all__ = [
     "FORMAT",
@@ -90,7 +91,7 @@ class Profile:
     dataset: dict[str, Any]
     settings: dict[str, Any]
     config: LoaderConfig = field(default_factory=LoaderConfig)
-    measured: dict[str, Any] = field(default_factory=dict)
+    measured: Measured = field(default_factory=Measured)
     created: str = field(default_factory=_now)
     autotune_version: str = field(default_factory=_autotune_version)
     # keys a newer autotune of the same format version wrote; kept so a merge does not drop them
@@ -107,7 +108,7 @@ class Profile:
         out: dict[str, Any] = {}
         for name in self._FIELDS:
             value = getattr(self, name)
-            out[name] = value.to_json() if isinstance(value, LoaderConfig) else copy.deepcopy(value)
+            out[name] = value.to_json() if isinstance(value, (LoaderConfig, Measured)) else copy.deepcopy(value)
         out["hardware"]["fingerprint"] = self.fingerprint
         for key, value in self.extra.items():
             out.setdefault(key, copy.deepcopy(value))
@@ -123,7 +124,7 @@ class Profile:
         for name in ("hardware", "dataset", "config"):
             if not isinstance(data.get(name), dict):
                 raise RecipeError(f"a profile has no {name!r} object")
-        for name in ("settings", "measured"):
+        for name in ("settings",):
             if data.get(name) is not None and not isinstance(data[name], dict):
                 raise RecipeError(f"a profile's {name!r} must be an object")
         _check_hardware(data["hardware"])
@@ -142,7 +143,7 @@ class Profile:
             dataset=data["dataset"],
             settings=settings,
             config=LoaderConfig.from_json(data["config"]),
-            measured=data.get("measured") or {},
+            measured=Measured.from_json(data.get("measured")),
             created=str(data.get("created") or ""),
             autotune_version=str(data.get("autotune_version") or "unknown"),
             extra={k: v for k, v in data.items() if k not in cls._FIELDS},

@@ -170,8 +170,8 @@ def validate(recipe: Any, dataset: Any, *, transform: Callable | None = None, tr
 
     first = scale_epoch(timings[0], full)
     warm = statistics.median(scale_epoch(t, full) for t in timings[1:])
-    m = profile.measured or {}
-    pred_first, pred_warm = m.get("first_epoch_seconds"), m.get("epoch_seconds")
+    predicted = profile.measured.chosen
+    pred_first, pred_warm = predicted.first_epoch_seconds, predicted.epoch_seconds
     return Validation(
         predicted_first_epoch_seconds=pred_first,
         measured_first_epoch_seconds=first,
@@ -179,7 +179,7 @@ def validate(recipe: Any, dataset: Any, *, transform: Callable | None = None, tr
         predicted_epoch_seconds=pred_warm,
         measured_epoch_seconds=warm,
         epoch_error_percent=error_percent(warm, pred_warm),
-        predicted_build_seconds=m.get("build_seconds"),
+        predicted_build_seconds=predicted.build_seconds,
         measured_build_seconds=build_seconds,
         batches_measured=measured_batches,
         full_batches=full,
@@ -211,5 +211,5 @@ def store(recipe_path: str | os.PathLike, validation: Validation) -> Path:
                 f"Recipe file {path} has no profile {validation.profile_fingerprint} to store the validation in; "
                 "it was changed since it was loaded. Run `autotune validate` again."
             )
-        profile.measured["validation"] = validation.to_dict()
+        profile.measured = profile.measured.with_validation(validation.to_dict())
         return rf.write(path)
