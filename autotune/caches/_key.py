@@ -195,6 +195,9 @@ def describe_change(old: dict, new: dict) -> str:
         parts.append(f"sample{'s' if len(differ) > 1 else ''} {shown} differ{'s' if len(differ) == 1 else ''}")
     if old.get("identity") != new.get("identity"):
         parts.append("the dataset's attributes differ")
+    if not parts:
+        keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        parts = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys[:3]]
     return "; ".join(parts) or "the cache's manifest differs"
 
 
