@@ -299,7 +299,9 @@ class DiskCache(Cache):
         path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"No cache directory at {path}.")
-        check_trusted(path)  # before any byte of it is read: a payload is partly pickle
+        # Before any byte of it is read (a payload is partly pickle): the folder holding it, then itself.
+        check_trusted(path.parent, "Cache folder", follow=True)
+        check_trusted(path)
         stored = read_manifest(path)
         if stored["format_version"] != FORMAT_VERSION:
             raise StaleCache(f"Cache at {path} has format version {stored['format_version']}, "
