@@ -145,18 +145,33 @@ def _files(dataset: Any, length: int, per_read: list[set[str]], data_dir: str | 
     return _stat(set().union(*per_read)), "probed reads only"
 
 
+def _recorded_reads(dataset: Any, indices: list[int]) -> tuple[list[Any], list[set[str]]]:
+    """``dataset[i]`` for each index and the files each read opened: ``machine._evict.record_files``
+    per read, with its filtering done once for all of them (it resolves every module's path)."""
+    from autotune.machine import _evict
+
+    _evict._install_hook()
+    samples, raw = [], []
+    for i in indices:
+        seen: set[str] = set()
+        token = _evict._recording.set((_evict._recording.get() or ()) + (seen,))
+        try:
+            samples.append(dataset[i])
+        finally:
+            _evict._recording.reset(token)
+        raw.append(seen)
+    modules = _evict._module_files()
+    kept = {p: _evict._keep(p, modules) for p in set().union(set(), *raw)}
+    return samples, [{kept[p] for p in seen if kept[p] is not None} for seen in raw]
+
+
 def dataset_key(dataset: Any, *, data_dir: str | os.PathLike | None = None) -> dict:
     """The manifest a full cache of ``dataset`` is stored under and checked against (JSON-ready):
     ``key`` (a readable, unique label), ``identity``, ``facts`` (what may change) and ``probes``."""
-    from autotune.machine._evict import record_files
-
     length = len(dataset)
     indices = probe_indices(length)
-    probes, per_read = {}, []
-    for i in indices:
-        sample, opened = record_files(lambda i=i: dataset[i])
-        probes[str(i)] = sample_digest(sample).hex()[:32]
-        per_read.append(opened)
+    samples, per_read = _recorded_reads(dataset, indices)
+    probes = {str(i): sample_digest(sample).hex()[:32] for i, sample in zip(indices, samples)}
     files, how = _files(dataset, length, per_read, data_dir)
     ident = identity(dataset)
     facts: dict[str, Any] = {"length": length, "code": source_files(dataset), "files_found": how,
