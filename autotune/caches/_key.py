@@ -183,6 +183,17 @@ def dataset_key(dataset: Any, *, data_dir: str | os.PathLike | None = None) -> d
     return {"key": f"{label}-{_digest(ident)}", "identity": ident, "facts": facts, "probes": probes}
 
 
+def kinship(old: dict, new: dict) -> int:
+    """How much two ``dataset_key`` manifests share (source files, equal probed samples): 0 means two
+    different datasets of one class (a train and a val set), more means one dataset that changed."""
+    a, b = old.get("facts", {}), new.get("facts", {})
+    files = len(set(a.get("files") or {}) & set(b.get("files") or {}))
+    if not files and a.get("files_count") and a.get("files_digest") == b.get("files_digest"):
+        files = int(a["files_count"])
+    pa, pb = old.get("probes", {}), new.get("probes", {})
+    return files + sum(1 for i in set(pa) & set(pb) if pa[i] == pb[i])
+
+
 def describe_change(old: dict, new: dict) -> str:
     """What differs between two ``dataset_key`` manifests, in a few words ("labels.json modified; …")."""
     parts: list[str] = []
@@ -216,4 +227,4 @@ def describe_change(old: dict, new: dict) -> str:
     return "; ".join(parts) or "the cache's manifest differs"
 
 
-__all__ = ["PROBES", "dataset_key", "describe_change", "identity", "probe_indices", "source_files"]
+__all__ = ["PROBES", "dataset_key", "describe_change", "kinship", "identity", "probe_indices", "source_files"]

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from autotune.caches._base import (
     MANIFEST_NAME, Cache, CorruptCache, StaleCache, as_json, indices_digest, is_manifest, set_aside,
 )
-from autotune.caches._key import describe_change
+from autotune.caches._key import describe_change, kinship
 from autotune.caches._lock import BuildLock, is_free, lock_path
 from autotune.caches._trust import TAG_NAME, UntrustedCache, ensure_root, trust_problem
 from autotune.caches._hdf5 import Hdf5Cache
@@ -95,7 +95,8 @@ def _read_json(path: Path) -> Any:
 
 
 def _previous(path: Path, name: str, expected: dict) -> dict | None:
-    """The newest other cache of the same backend and dataset identity (same label), if any."""
+    """The other cache of the same backend and dataset class (same label) that this dataset most looks
+    like a changed version of, if any: a train and a val set of one class share nothing (``kinship``)."""
     prefix = f"{name}-{_label(expected)}-"
     found = []
     for other in path.parent.glob(prefix + "*"):
@@ -103,8 +104,10 @@ def _previous(path: Path, name: str, expected: dict) -> dict | None:
             continue
         stored = _read_json(other)  # JSON only: a manifest is never decoded as a payload
         if is_manifest(stored) and isinstance(stored.get("expected"), dict):
-            found.append((str(stored.get("built")), stored))
-    return max(found, key=lambda x: x[0])[1] if found else None
+            shared = kinship(stored["expected"], expected)
+            if shared or "probes" not in expected:
+                found.append((shared, str(stored.get("built")), stored))
+    return max(found, key=lambda x: x[:2])[2] if found else None
 
 
 def _try_open(cls: type[Cache], path: Path, expected: dict) -> tuple[Cache | None, str]:
