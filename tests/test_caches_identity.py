@@ -157,15 +157,14 @@ def leftovers(root):
 
 
 # ------------------------------------------------------------------ (1) train and val through one recipe
-CASES = [(b, w, c) for b in BACKENDS for w, c in ((0, None), (2, "fork"))] + [(b, 2, "spawn") for b in DISK]
+CASES = [(b, w, c, n) for b in BACKENDS for w, c in ((0, None), (2, "fork")) for n in (12, 9)]
+CASES += [(b, 2, "spawn", 9) for b in DISK]  # spawn: workers reopen the disk caches by path
 
 
-@pytest.mark.parametrize("lengths", [(12, 12), (12, 9)], ids=["equal", "unequal"])
-@pytest.mark.parametrize("backend,workers,context", CASES)
+@pytest.mark.parametrize("backend,workers,context,val_length", CASES)
 def test_train_and_val_through_one_recipe_each_get_their_own_samples(tmp_path, backend, workers, context,
-                                                                      lengths, private_cache_root):
-    if context == "spawn" and lengths == (12, 12):
-        pytest.skip("spawn: one case per backend is enough")
+                                                                      val_length, private_cache_root):
+    lengths = (12, val_length)
     recipe = write_recipe(tmp_path / "autotune.json", backend, workers, context)
     train, val = table(lengths[0]), table(lengths[1], start=1000)
     with warnings.catch_warnings():
@@ -462,3 +461,28 @@ def test_a_dead_builder_releases_the_lock_and_the_next_builds(tmp_path):
     assert cache.origin == "built"
     assert leftovers(root) == [name]
     assert all(samples_equal(cache[k], Slow(7)[k]) for k in range(16))
+
+
+def test_a_waiting_process_says_whom_it_waits_for(tmp_path, capfd):
+    import socket
+    import threading
+
+    from autotune.caches._lock import BuildLock, lock_path
+
+    root = tmp_path / "root"
+    dataset = Slow(3)
+    manifest = caches.dataset_key(dataset)
+    name = caches.cache_path("pickle", caches.ensure_root(root), caches.expected_manifest(manifest, range(16))).name
+    held = BuildLock(lock_path(root, name))
+    assert held.try_acquire()
+    assert BuildLock(lock_path(root, name)).holder() == f"pid {os.getpid()} on {socket.gethostname()}"
+    opened = []
+    waiter = threading.Thread(target=lambda: opened.append(
+        open_or_build("pickle", dataset, root=root, manifest=manifest, progress=True)))
+    waiter.start()
+    time.sleep(1.0)
+    assert waiter.is_alive(), "it waits while the lock is held"
+    held.release()
+    waiter.join(60)
+    assert opened[0].origin == "built"
+    assert f"Waiting for pid {os.getpid()} on {socket.gethostname()} to build the pickle cache" in capfd.readouterr().err
