@@ -228,6 +228,19 @@ def test_the_open_time_probe_catches_a_cache_that_differs_from_the_live_dataset(
     assert cache.origin == "built" and all(samples_equal(cache[k], dataset[k]) for k in range(12))
 
 
+def test_a_change_outside_the_probes_in_in_memory_data_is_noticed():
+    from autotune.caches._key import probe_indices
+
+    dataset = table(100)
+    open_or_build("pickle", dataset, manifest=caches.dataset_key(dataset), progress=False)
+    k = next(i for i in range(100) if i not in probe_indices(100))
+    dataset.values[k, 2] = -7
+    with pytest.warns(CacheRebuildWarning, match="in-memory data modified: values") as caught:
+        cache = open_or_build("pickle", dataset, manifest=caches.dataset_key(dataset), progress=False)
+    assert "differ" not in str(caught[0].message), "the probes did not see it; the data digest did"
+    assert samples_equal(cache[k], dataset[k])
+
+
 # ------------------------------------------------------------------ (3) planted caches are never decoded
 def plant(victim_path, victim_expected, evil_root, marker, backend, n):
     """Build a cache whose payload creates ``marker`` and put it where the factory would look for the

@@ -2,8 +2,9 @@
 
 - identity: the dataset's class and its scalar attributes (``root="…/train"``, ``split="val"``);
 - content: the length, the text of the dataset's file and of the user's modules it imports, the
-  source files its reads open (path, size, mtime_ns), and the digests of a seeded random sample of
-  indices, read from the live dataset every time a cache is opened.
+  arrays and lists it holds in memory, the source files its reads open (path, size, mtime_ns), and
+  the digests of a seeded random sample of indices, read from the live dataset every time a cache
+  is opened.
 
 The cache's directory name hashes all of it (see NOTE [cache build lock] in ``_lock``), so a train
 and a val set, or two versions of one dataset, never share a directory. What still goes unnoticed:
@@ -116,6 +117,40 @@ def identity(dataset: Any) -> dict:
     return {"class": f"{cls.__module__}.{cls.__qualname__}", "attrs": attrs, "wraps": inner}
 
 
+_MAX_ARRAY_BYTES = 64 << 20  # in-memory data hashed whole; larger arrays are left to the probes
+
+
+def in_memory_data(dataset: Any) -> dict[str, str]:
+    """{attribute: digest} for the data a dataset holds in memory (numpy arrays, tensors, lists of numbers
+    or strings up to 64 MiB): a change anywhere in them, not only at the probed samples, is seen."""
+    import numpy as np
+    import torch
+
+    found: dict[str, str] = {}
+    for depth, d in enumerate(_datasets(dataset)):
+        try:
+            items = sorted(vars(d).items())
+        except TypeError:
+            continue
+        for name, value in items:
+            h = hashlib.blake2b(digest_size=8)
+            if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+                value = value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy() if value.numel() else np.zeros(0)
+            if isinstance(value, np.ndarray) and value.dtype != object and value.nbytes <= _MAX_ARRAY_BYTES:
+                h.update(f"{value.dtype.str}{value.shape}".encode())
+                h.update(np.ascontiguousarray(value).tobytes())
+            elif isinstance(value, (list, tuple)) and 0 < len(value) <= _MAX_ARRAY_BYTES // 16 and all(
+                    isinstance(x, (int, str)) for x in value[:64]):
+                try:
+                    h.update(json.dumps(value).encode())
+                except (TypeError, ValueError):
+                    continue
+            else:
+                continue
+            found[f"{depth}.{name}"] = h.hexdigest()
+    return found
+
+
 def _stat(paths: Iterable[str]) -> dict[str, list[int]]:
     found = {}
     for p in sorted(set(paths)):
@@ -174,7 +209,8 @@ def dataset_key(dataset: Any, *, data_dir: str | os.PathLike | None = None) -> d
     probes = {str(i): sample_digest(sample).hex()[:32] for i, sample in zip(indices, samples)}
     files, how = _files(dataset, length, per_read, data_dir)
     ident = identity(dataset)
-    facts: dict[str, Any] = {"length": length, "code": source_files(dataset), "files_found": how,
+    facts: dict[str, Any] = {"length": length, "code": source_files(dataset), "data": in_memory_data(dataset),
+                             "files_found": how,
                              "files_count": len(files), "files_bytes": sum(s for s, _ in files.values()),
                              "files_digest": _digest(files, 16)}
     if len(files) <= _MAX_LISTED:
@@ -200,7 +236,7 @@ def describe_change(old: dict, new: dict) -> str:
     a, b = old.get("facts", {}), new.get("facts", {})
     if a.get("length") != b.get("length"):
         parts.append(f"length {a.get('length')} -> {b.get('length')}")
-    for what, key in (("code", "code"), ("file", "files")):
+    for what, key in (("code", "code"), ("file", "files"), ("in-memory data", "data")):
         x, y = a.get(key), b.get(key)
         if x is None or y is None:
             continue
@@ -208,9 +244,11 @@ def describe_change(old: dict, new: dict) -> str:
         added, removed = sorted(set(y) - set(x)), sorted(set(x) - set(y))
         for label, names in (("modified", changed), ("added", added), ("removed", removed)):
             if names:
-                shown = ", ".join(os.path.basename(n) for n in names[:3])
+                shown = ", ".join(os.path.basename(n).split(".", 1)[-1] if key == "data" else os.path.basename(n)
+                                  for n in names[:3])
                 more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-                parts.append(f"{what}{'s' if len(names) > 1 else ''} {label}: {shown}{more}")
+                plural = "s" if len(names) > 1 and key != "data" else ""
+                parts.append(f"{what}{plural} {label}: {shown}{more}")
     if a.get("files_digest") != b.get("files_digest") and ("files" not in a or "files" not in b):
         parts.append(f"source files changed ({a.get('files_count')} -> {b.get('files_count')} files, "
                      f"{a.get('files_bytes')} -> {b.get('files_bytes')} bytes)")

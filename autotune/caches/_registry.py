@@ -124,8 +124,9 @@ def _try_open(cls: type[Cache], path: Path, expected: dict) -> tuple[Cache | Non
 
 def _remove_dead_builds(root: Path, name: str) -> None:
     """Temp directories of ``name``'s builders that died; call only holding its build lock."""
-    for leftover in root.glob(f".{name}.tmp-*"):
-        if _TEMP.match(leftover.name) and leftover.is_dir() and not leftover.is_symlink():
+    for leftover in root.glob(f".{name}.*-*"):
+        m = _TEMP.match(leftover.name)
+        if m and m.group(1) == name and leftover.is_dir() and not leftover.is_symlink():
             shutil.rmtree(leftover, ignore_errors=True)
 
 
