@@ -10,14 +10,15 @@ from autotune.caches._hdf5 import Hdf5Cache
 from autotune.caches._lmdb import LmdbCache
 from autotune.caches._memory import MemoryCache
 from autotune.caches._pickle import PickleCache
+from autotune.caches._key import dataset_key
 from autotune.caches._registry import (
-    BACKENDS, DEFAULT_ROOT, CacheRebuildWarning, cache_path, clear_caches, estimate_need, expected_manifest,
-    get_backend, list_caches, open_or_build,
+    BACKENDS, CacheRebuildWarning, cache_path, clear_caches, estimate_need, expected_manifest, get_backend,
+    list_caches, open_or_build,
 )
+from autotune.caches._trust import UntrustedCache, default_root, ensure_root
 
 __all__ = [
     "BACKENDS",
-    "DEFAULT_ROOT",
     "FORMAT_VERSION",
     "Cache",
     "CacheRebuildWarning",
@@ -29,8 +30,12 @@ __all__ = [
     "MemoryCache",
     "PickleCache",
     "StaleCache",
+    "UntrustedCache",
     "cache_path",
     "clear_caches",
+    "dataset_key",
+    "default_root",
+    "ensure_root",
     "estimate_need",
     "expected_manifest",
     "get_backend",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import datetime as _dt
+import errno
 import hashlib
 import itertools
 import json
@@ -11,16 +12,19 @@ import os
 import pickle
 import secrets
 import shutil
+import socket
+import stat
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 import torch
 
-from autotune.caches._codec import Schema, infer_schema
+from autotune.caches._codec import Schema, infer_schema, sample_digest
+from autotune.caches._trust import check_trusted
 from autotune.errors import AutotuneError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: content-addressed directories, build facts, probe digests checked at open
 MANIFEST_NAME = "manifest.json"
 _SCHEMA_PROBE = 8  # samples read before the schema is fixed
 
@@ -126,6 +130,7 @@ class Cache(torch.utils.data.Dataset, abc.ABC):
         self.manifest = stored  # the stored manifest: expected part, schema, length, files
         self.schema = Schema.from_json(stored["schema"])
         self._length = int(stored["length"])
+        self.origin = "opened"  # "built" here, "reused" from disk, "waited" for another process's build
 
     def __len__(self) -> int:
         return self._length
@@ -171,7 +176,13 @@ def stored_manifest(backend: str, manifest: dict, indices: Sequence[int], schema
         "indices": indices_digest(indices),
         "schema": json.loads(schema.to_json()),
         "built": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "builder": {"pid": os.getpid(), "host": socket.gethostname(), "id": secrets.token_hex(8)},
     }
+
+
+def is_manifest(stored: Any) -> bool:
+    """Whether ``stored`` (parsed JSON) is an autotune cache manifest."""
+    return isinstance(stored, dict) and {"format_version", "backend", "expected", "schema", "length"} <= set(stored)
 
 
 def read_manifest(path: Path) -> dict:
@@ -182,7 +193,7 @@ def read_manifest(path: Path) -> dict:
         raise CorruptCache(f"Cache at {path} has no manifest: an unfinished or interrupted build.") from None
     except (OSError, ValueError) as exc:
         raise CorruptCache(f"Cache manifest at {path} is unreadable ({exc}).") from None
-    if not isinstance(stored, dict) or not {"format_version", "backend", "expected", "schema", "length"} <= set(stored):
+    if not is_manifest(stored):
         raise CorruptCache(f"Cache manifest at {path} is incomplete.")
     return stored
 
@@ -249,7 +260,8 @@ class DiskCache(Cache):
             raise ValueError("A cache needs at least one sample, but got 0 indices.")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        tmp.mkdir()
+        tmp.mkdir(mode=0o700)
+        os.chmod(tmp, 0o700)  # whatever the umask: only its owner may write a cache (see _trust)
         samples = read_source(dataset, indices, workers=workers, progress=progress,
                               desc=f"Building {cls.name} cache")
         try:
@@ -258,21 +270,26 @@ class DiskCache(Cache):
             stored = stored_manifest(cls.name, manifest, indices, schema)
             stored["meta"] = cls._write(tmp, schema, len(indices), samples, head)
             files = {}
-            for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
-                _fsync_path(f)
-                files[str(f.relative_to(tmp))] = f.stat().st_size
+            for f in sorted(tmp.rglob("*")):
+                os.chmod(f, 0o700 if f.is_dir() else 0o600)
+                if f.is_file():
+                    _fsync_path(f)
+                    files[str(f.relative_to(tmp))] = f.stat().st_size
             stored["files"] = files
             with open(tmp / MANIFEST_NAME, "w") as fh:  # last: its presence marks a whole build
                 json.dump(stored, fh, indent=1, sort_keys=True)
                 fh.flush()
                 os.fsync(fh.fileno())
+            os.chmod(tmp / MANIFEST_NAME, 0o600)
             _fsync_path(tmp)
-            _replace_dir(tmp, path)
+            placed = _place_dir(tmp, path)
         except BaseException:
             samples.close()
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return cls.open(path, manifest=manifest)
+        cache = cls.open(path, manifest=manifest)
+        cache.origin = "built" if placed else "reused"
+        return cache
 
     # -- opening ----------------------------------------------------------------------------------------
     @classmethod
@@ -282,6 +299,9 @@ class DiskCache(Cache):
         path = Path(path)
         if not path.is_dir():
             raise FileNotFoundError(f"No cache directory at {path}.")
+        # Before any byte of it is read (a payload is partly pickle): the folder holding it, then itself.
+        check_trusted(path.parent, "Cache folder", follow=True)
+        check_trusted(path)
         stored = read_manifest(path)
         if stored["format_version"] != FORMAT_VERSION:
             raise StaleCache(f"Cache at {path} has format version {stored['format_version']}, "
@@ -294,9 +314,14 @@ class DiskCache(Cache):
                              f"({manifest_difference(stored['expected'], expected)}).")
         for name, size in stored.get("files", {}).items():
             f = path / name
-            actual = f.stat().st_size if f.is_file() else None
+            try:
+                st = os.lstat(f)
+            except OSError:
+                st = None
+            actual = st.st_size if st is not None and stat.S_ISREG(st.st_mode) else None
             if actual != size:
                 raise CorruptCache(f"Cache file {f} has {actual} bytes, but the manifest says {size}.")
+            check_trusted(f, "Cache file")
         try:
             cache = cls(path, stored)
         except (KeyError, ValueError) as exc:
@@ -306,7 +331,8 @@ class DiskCache(Cache):
             probe = range(n) if verify else sorted({0, n // 2, n - 1})
             for k in probe:
                 cache._check(k)
-        except CorruptCache:
+            _check_probes(cache, expected.get("probes"))
+        except (CorruptCache, StaleCache):
             raise
         except Exception as exc:  # garbled bytes surface as any decoding error
             raise CorruptCache(f"Cache at {path} is corrupt ({type(exc).__name__}: {exc}).") from None
@@ -319,16 +345,39 @@ class DiskCache(Cache):
         self[k]
 
 
-def _replace_dir(tmp: Path, path: Path) -> None:
-    """Move the finished ``tmp`` into place, replacing an old cache at ``path``."""
-    old = None
-    if path.exists():
-        old = path.parent / f".{path.name}.old-{secrets.token_hex(4)}"
-        os.replace(path, old)
-    os.replace(tmp, path)
+def _check_probes(cache: Cache, probes: dict | None) -> None:
+    """The cache's samples at the probed indices are those the live dataset returned when its key was
+    taken (``_key.dataset_key``, just before this open); StaleCache naming the indices when not."""
+    if not probes:
+        return
+    differ = [int(i) for i, digest in probes.items()
+              if int(i) < len(cache) and sample_digest(cache[int(i)]).hex()[:len(digest)] != digest]
+    if differ:
+        shown = ", ".join(map(str, sorted(differ)[:8]))
+        raise StaleCache(f"Cache at {cache.path} differs from the live dataset at sample"
+                         f"{'s' if len(differ) > 1 else ''} {shown}.")
+
+
+def _place_dir(tmp: Path, path: Path) -> bool:
+    """Move the finished ``tmp`` to ``path`` unless a cache is already there (see NOTE [cache build
+    lock] in ``_lock``: a directory a loader may have opened is never replaced). Whether it moved."""
+    try:
+        os.rename(tmp, path)  # replaces nothing but an empty directory
+    except OSError as exc:
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another builder finished first: theirs stays
+        return False
     _fsync_path(path.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    return True
+
+
+def set_aside(path: Path) -> None:
+    """Remove the invalid cache at ``path``: renamed to a temp name first, so nothing half-deleted
+    ever sits under a cache's name."""
+    old = path.parent / f".{path.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+    os.rename(path, old)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 __all__ = ["Cache", "CorruptCache", "DiskCache", "StaleCache", "FORMAT_VERSION", "MANIFEST_NAME"]

@@ -1,16 +1,25 @@
-"""The backend registry, the need estimate, open-or-build, and the on-disk cache directory."""
+"""The backend registry, the need estimate, open-or-build, and the caches under a root (list, clear)."""
 
 from __future__ import annotations
 
+import datetime as _dt
+import hashlib
+import json
+import logging
+import os
 import re
 import shutil
+import stat
 import warnings
 from pathlib import Path
 from typing import Any, Sequence
 
 from autotune.caches._base import (
-    Cache, CorruptCache, StaleCache, as_json, indices_digest, read_manifest,
+    MANIFEST_NAME, Cache, CorruptCache, StaleCache, as_json, indices_digest, is_manifest, set_aside,
 )
+from autotune.caches._key import describe_change, kinship
+from autotune.caches._lock import BuildLock, is_free, lock_path
+from autotune.caches._trust import TAG_NAME, UntrustedCache, ensure_root, trust_problem
 from autotune.caches._hdf5 import Hdf5Cache
 from autotune.caches._lmdb import LmdbCache, record_disk_bytes
 from autotune.caches._memory import MemoryCache
@@ -21,7 +30,7 @@ BACKENDS = ("memory", "pickle", "hdf5", "lmdb")
 _CLASSES: dict[str, type[Cache]] = {
     "memory": MemoryCache, "pickle": PickleCache, "hdf5": Hdf5Cache, "lmdb": LmdbCache,
 }
-DEFAULT_ROOT = Path(".autotune/cache")
+log = logging.getLogger("autotune")
 
 
 class CacheRebuildWarning(UserWarning):
@@ -53,84 +62,257 @@ def expected_manifest(manifest: dict, indices: Sequence[int]) -> dict:
     return {**as_json(manifest), "length": len(indices), "indices": indices_digest(indices)}
 
 
-def cache_path(name: str, root: Path | str, manifest: dict, full: bool = True) -> Path:
-    """``root/<backend>-<key>``: key is ``manifest['key']`` (a stable dataset identity: a changed dataset
-    then replaces its old cache), else the fingerprint; a subset of indices gets its own directory."""
-    key = str(manifest.get("key") or manifest.get("fingerprint") or indices_digest([len(str(manifest))]))
-    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", key).strip("._")[:64] or "cache"
-    if not full:
-        key += "-" + str(manifest.get("indices", ""))[:8]
-    return Path(root) / f"{name}-{key}"
+def _label(manifest: dict) -> str:
+    key = str(manifest.get("key") or manifest.get("fingerprint") or "cache")
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", key).strip("._-")[:64] or "cache"
 
 
-def open_or_build(name: str, dataset: Any, *, root: Path | str = DEFAULT_ROOT, manifest: dict,
+def cache_path(name: str, root: Path | str, expected: dict) -> Path:
+    """``root/<backend>-<label>-<digest>``: the label is the manifest's ``key`` (else its fingerprint),
+    the digest covers the whole expected manifest, so another dataset, another version of one, or
+    another subset of indices never shares a directory (see NOTE [cache build lock] in ``_lock``)."""
+    digest = hashlib.blake2b(json.dumps(as_json(expected), sort_keys=True).encode(), digest_size=6).hexdigest()
+    return Path(root) / f"{name}-{_label(expected)}-{digest}"
+
+
+def _age(built: str | None) -> str:
+    try:
+        then = _dt.datetime.fromisoformat(str(built))
+    except ValueError:
+        return "at an unknown time"
+    seconds = max(0.0, (_dt.datetime.now(_dt.timezone.utc) - then).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f} {unit} ago"
+    return f"{seconds:.0f} s ago"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads((path / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _previous(path: Path, name: str, expected: dict) -> dict | None:
+    """The other cache of the same backend and dataset class (same label) that this dataset most looks
+    like a changed version of, if any: a train and a val set of one class share nothing (``kinship``)."""
+    prefix = f"{name}-{_label(expected)}-"
+    found = []
+    for other in path.parent.glob(prefix + "*"):
+        if other == path or not other.is_dir() or other.name.count("-") != path.name.count("-"):
+            continue
+        stored = _read_json(other)  # JSON only: a manifest is never decoded as a payload
+        if is_manifest(stored) and isinstance(stored.get("expected"), dict):
+            shared = kinship(stored["expected"], expected)
+            if shared or "probes" not in expected:
+                found.append((shared, str(stored.get("built")), stored))
+    return max(found, key=lambda x: x[:2])[2] if found else None
+
+
+def _try_open(cls: type[Cache], path: Path, expected: dict) -> tuple[Cache | None, str]:
+    """The valid cache at ``path``, or None and why not ("" when there is none)."""
+    if not os.path.lexists(path):
+        return None, ""
+    try:
+        return cls.open(path, manifest=expected), ""
+    except UntrustedCache:
+        raise
+    except (StaleCache, CorruptCache, OSError) as exc:
+        return None, str(exc)
+
+
+def _remove_dead_builds(root: Path, name: str) -> None:
+    """Temp directories of ``name``'s builders that died; call only holding its build lock."""
+    for leftover in root.glob(f".{name}.*-*"):
+        m = _TEMP.match(leftover.name)
+        if m and m.group(1) == name and leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, manifest: dict,
                   indices: Sequence[int] | None = None, progress: bool = True, workers: int = 0) -> Cache:
-    """Reuse the valid ``name`` cache under ``root``; build it when missing, stale or corrupt (with a
-    warning that says why). The memory backend always builds."""
+    """Open the ``name`` cache of ``dataset`` under ``root`` (default: the per-user cache folder) or
+    build it, once however many processes ask (NOTE [cache build lock] in ``_lock``).
+
+    ``manifest`` is what the cache is checked against (``_key.dataset_key`` for a whole dataset); its
+    ``probes`` are compared with the cache's samples at every open. A changed dataset gets a new
+    directory, with a warning naming what changed. The memory backend always builds."""
     cls = get_backend(name)
     full = indices is None
-    indices = range(len(dataset)) if indices is None else indices
+    indices = range(len(dataset)) if full else indices
     expected = expected_manifest(manifest, indices)
+    if not full:
+        expected.pop("probes", None)  # probes are indices of the whole dataset
     if cls is MemoryCache:
         return cls.build(dataset, indices, None, manifest=expected, progress=progress, workers=workers)
-    path = cache_path(name, root, expected, full=full)
-    if path.exists():
-        try:
-            return cls.open(path, manifest=expected)
-        except StaleCache as exc:
-            warnings.warn(f"{exc} Rebuilding it.", CacheRebuildWarning, stacklevel=2)
-        except CorruptCache as exc:
-            warnings.warn(f"{exc} Rebuilding it.", CacheRebuildWarning, stacklevel=2)
-    return cls.build(dataset, indices, path, manifest=expected, progress=progress, workers=workers)
+    root = ensure_root(root)
+    path = cache_path(name, root, expected)
+    cache, _ = _try_open(cls, path, expected)
+    if cache is not None:
+        cache.origin = "reused"
+        log.info("autotune: reusing the %s cache %s (%d samples, built %s)", name, path, len(cache),
+                 _age(cache.manifest.get("built")))
+        return cache
+    lock = BuildLock(lock_path(root, path.name))
+    bar: Any = None
+
+    def waiting(holder: str, seconds: float) -> None:
+        nonlocal bar
+        if bar is None:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(desc=f"Waiting for {holder} to build the {name} cache", unit="s", leave=False,
+                       bar_format="{desc}: {elapsed}")
+        bar.refresh()
+
+    lock.acquire(on_wait=waiting if progress else None)
+    try:
+        if bar is not None:
+            bar.close()
+        cache, why = _try_open(cls, path, expected)
+        if cache is not None:  # built by the process we waited for
+            cache.origin = "waited"
+            log.info("autotune: opened the %s cache %s another process built", name, path)
+            return cache
+        _remove_dead_builds(root, path.name)
+        if why:
+            warnings.warn(f"{why} Building it anew.", CacheRebuildWarning, stacklevel=2)
+            set_aside(path)
+        else:
+            previous = _previous(path, name, expected)
+            if previous is not None:
+                warnings.warn(
+                    f"The dataset changed since its {name} cache was built {_age(previous.get('built'))} "
+                    f"({describe_change(previous['expected'], expected)}): building a new cache; "
+                    "`autotune cache clear` removes the old one.", CacheRebuildWarning, stacklevel=2)
+        return cls.build(dataset, indices, path, manifest=expected, progress=progress, workers=workers)
+    finally:
+        lock.release()
+
+
+# -------------------------------------------------------------------------------- list and clear
+_TEMP = re.compile(r"^\.((?:pickle|hdf5|lmdb)(?:-.+)?)\.(tmp|old)-\d+-[0-9a-f]+$")  # _base's temp names
+_LOCK = re.compile(r"^\.((?:pickle|hdf5|lmdb)(?:-.+)?)\.lock$")
+_TRIAL = re.compile(r"^trial-[A-Za-z0-9_]{8}$")
+TRIAL_LOCK = ".trial.lock"
 
 
 def _dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    total = 0
+    for f in path.rglob("*"):
+        try:
+            st = f.lstat()
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+    return total
 
 
-def _entry(path: Path) -> dict | None:
-    name = path.name
-    if name.startswith("."):
-        m = re.match(r"\.(\w+)-.*\.(tmp|old)-[^.]+$", name)
-        if not m or m.group(1) not in BACKENDS:
-            return None
-        return {"backend": m.group(1), "path": str(path), "samples": None, "nbytes": _dir_bytes(path),
-                "fingerprint": None, "built": None, "status": "partial",
-                "reason": "an unfinished or interrupted build"}
-    backend = name.split("-", 1)[0]
-    if backend not in BACKENDS or backend == "memory":
-        return None
-    entry = {"backend": backend, "path": str(path), "samples": None, "nbytes": _dir_bytes(path),
-             "fingerprint": None, "built": None, "status": "valid", "reason": ""}
+def _owned(path: Path) -> bool:
     try:
-        stored = read_manifest(path)
-        entry.update(samples=stored.get("length"), fingerprint=stored["expected"].get("fingerprint"),
-                     built=stored.get("built"))
-        get_backend(backend).open(path, manifest=stored["expected"])
-    except StaleCache as exc:
-        entry.update(status="stale", reason=str(exc))
-    except (CorruptCache, AttributeError, OSError) as exc:
-        entry.update(status="corrupt", reason=str(exc))
+        return os.lstat(path).st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
+def _classify(path: Path) -> dict:
+    """What ``path`` is, from names, modes and manifests only: no payload is ever read."""
+    entry: dict[str, Any] = {"backend": None, "path": str(path), "samples": None, "nbytes": None,
+                             "dataset": None, "built": None, "status": "foreign", "reason": "", "kind": "foreign"}
+    if path.is_symlink() or not path.is_dir():
+        entry["reason"] = "not a folder autotune made"
+        return entry
+    m = _TEMP.match(path.name)
+    if m:
+        busy = not is_free(lock_path(path.parent, m.group(1)))
+        entry.update(kind="temp", backend=m.group(1).split("-", 1)[0], nbytes=_dir_bytes(path),
+                     status="building" if busy else "partial",
+                     reason="a build in progress" if busy else "an unfinished or interrupted build")
+        return entry
+    if _TRIAL.match(path.name):
+        inner = [_classify(p) for p in sorted(path.iterdir()) if p.name != TRIAL_LOCK]
+        if all(e["kind"] != "foreign" for e in inner):
+            busy = not is_free(path / TRIAL_LOCK)
+            entry.update(kind="trial", nbytes=_dir_bytes(path), status="trial running" if busy else "trial leftover",
+                         backend=",".join(sorted({e["backend"] for e in inner if e["backend"]})) or None)
+            return entry
+        entry["reason"] = "a trial folder holding files autotune did not write"
+        return entry
+    stored = _read_json(path)  # JSON, never a payload
+    if not is_manifest(stored):
+        entry["reason"] = "no autotune manifest"
+        return entry
+    backend = stored.get("backend")
+    expected = stored.get("expected") if isinstance(stored.get("expected"), dict) else {}
+    entry.update(kind="cache", backend=backend if backend in BACKENDS else None, samples=stored.get("length"),
+                 nbytes=_dir_bytes(path), dataset=expected.get("key") or expected.get("fingerprint"),
+                 built=stored.get("built"), status="valid")
+    problem = trust_problem(path)
+    if problem is not None:
+        entry.update(status="untrusted", reason=problem)
+        return entry
+    files = stored.get("files") if isinstance(stored.get("files"), dict) else {}
+    for name, size in files.items():
+        f = path / str(name)
+        actual = f.stat().st_size if f.is_file() and not f.is_symlink() else None
+        if actual != size:
+            entry.update(status="corrupt", reason=f"{f} has {actual} bytes, the manifest says {size}")
+            break
     return entry
 
 
-def list_caches(root: Path | str = DEFAULT_ROOT) -> list[dict]:
-    """Every cache directory under ``root``: backend, path, samples, nbytes, fingerprint, built, status
-    (valid / stale / corrupt / partial) and reason."""
-    root = Path(root)
+def list_caches(root: Path | str | None = None) -> list[dict]:
+    """Everything in ``root`` (default: the per-user cache folder), judged from names, modes and JSON
+    manifests only: backend, path, samples, nbytes, dataset, built, status (valid / corrupt / untrusted
+    / partial / building / trial leftover / trial running / foreign) and reason."""
+    from autotune.caches._trust import default_root
+
+    root = Path(root) if root is not None else default_root()
     if not root.is_dir():
         return []
-    entries = (_entry(p) for p in sorted(root.iterdir()) if p.is_dir())
-    return [e for e in entries if e is not None]
+    return [_classify(p) for p in sorted(root.iterdir())
+            if p.name != TAG_NAME and not (_LOCK.match(p.name) and p.is_file())]
 
 
-def clear_caches(root: Path | str = DEFAULT_ROOT, backend: str | None = None) -> int:
-    """Delete the caches (and leftovers of interrupted builds) under ``root``; how many were removed."""
+def clear_caches(root: Path | str | None = None, backend: str | None = None) -> dict[str, list[str]]:
+    """Delete autotune's own folders under ``root``: caches (with a manifest), unfinished builds and
+    trial leftovers nobody holds, and lock files left alone. Returns {"removed": paths, "foreign":
+    folders that are not autotune's (untouched), "busy": builds or trials in progress (untouched),
+    "not_owned": autotune folders of another user (untouched)}."""
+    from autotune.caches._trust import default_root
+
     if backend is not None:
         get_backend(backend)
-    removed = 0
+    root = Path(root) if root is not None else default_root()
+    result: dict[str, list[str]] = {"removed": [], "foreign": [], "busy": [], "not_owned": []}
     for entry in list_caches(root):
-        if backend is None or entry["backend"] == backend:
-            shutil.rmtree(entry["path"], ignore_errors=True)
-            removed += 1
-    return removed
+        path = Path(entry["path"])
+        if entry["kind"] == "foreign":
+            result["foreign"].append(str(path))
+            continue
+        if backend is not None and backend not in str(entry["backend"] or "").split(","):
+            continue
+        if entry["status"] in ("building", "trial running"):
+            result["busy"].append(str(path))
+            continue
+        if not _owned(path):
+            result["not_owned"].append(str(path))
+            continue
+        if entry["kind"] == "cache":
+            set_aside(path)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+        result["removed"].append(str(path))
+    if root.is_dir():
+        for f in root.iterdir():  # lock files of caches that are gone, taken first (NOTE [cache build lock])
+            m = _LOCK.match(f.name)
+            if m and f.is_file() and not (root / m.group(1)).exists() and _owned(f):
+                lock = BuildLock(f)
+                if lock.try_acquire():
+                    try:
+                        f.unlink()
+                    finally:
+                        lock.release()
+    return result

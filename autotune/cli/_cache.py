@@ -1,11 +1,16 @@
-"""`autotune cache list|clear`: the sample caches autotune built under a directory."""
+"""`autotune cache list|clear`: the sample caches in the per-user cache folder, and search trials' leftovers.
+
+Both read names, modes and JSON manifests only: no cache payload is ever decoded here.
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from autotune.caches import BACKENDS, DEFAULT_ROOT, clear_caches, list_caches
+from autotune.caches import BACKENDS, clear_caches, default_root, list_caches
+
+_TRIALS = Path("cache") / "trials"  # under a search's --workdir
 
 
 def _size(n: int | None) -> str:
@@ -19,37 +24,61 @@ def _size(n: int | None) -> str:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("cache", help="list or clear the sample caches under .autotune/cache")
+    p = sub.add_parser("cache", help="list or clear the sample caches (in $AUTOTUNE_CACHE_DIR or ~/.cache/autotune)")
     actions = p.add_subparsers(dest="cache_action", metavar="ACTION")
     actions.required = True
-    lp = actions.add_parser("list", help="show each cache: backend, path, samples, size, dataset, date, state")
-    lp.add_argument("--dir", type=Path, default=DEFAULT_ROOT, help="cache directory (default: %(default)s)")
-    cp = actions.add_parser("clear", help="delete caches and leftovers of interrupted builds")
-    cp.add_argument("--dir", type=Path, default=DEFAULT_ROOT, help="cache directory (default: %(default)s)")
-    cp.add_argument("--backend", choices=[b for b in BACKENDS if b != "memory"], help="only this backend")
+    for name, text in (("list", "show each cache: backend, path, samples, size, dataset, date, state"),
+                       ("clear", "delete autotune's caches, unfinished builds and trial leftovers")):
+        ap = actions.add_parser(name, help=text)
+        ap.add_argument("--dir", type=Path, default=None,
+                        help="cache folder (default: $AUTOTUNE_CACHE_DIR, else $XDG_CACHE_HOME/autotune, "
+                             "else ~/.cache/autotune)")
+        ap.add_argument("--workdir", type=Path, default=Path(".autotune"),
+                        help="a search's --workdir, whose trial leftovers are included (default %(default)s)")
+        if name == "clear":
+            ap.add_argument("--backend", choices=[b for b in BACKENDS if b != "memory"], help="only this backend")
     p.set_defaults(func=run)
 
 
+def _folders(args: argparse.Namespace) -> list[Path]:
+    folders = [args.dir if args.dir is not None else default_root()]
+    trials = args.workdir / _TRIALS
+    if trials.is_dir() and trials.resolve() != folders[0].resolve():
+        folders.append(trials)
+    return folders
+
+
 def run(args: argparse.Namespace) -> int:
+    folders = _folders(args)
     if args.cache_action == "clear":
-        n = clear_caches(args.dir, backend=args.backend)
-        print(f"Removed {n} cache{'s' if n != 1 else ''} from {args.dir}.")
+        for folder in folders:
+            result = clear_caches(folder, backend=args.backend)
+            n = len(result["removed"])
+            print(f"Removed {n} cache{'s' if n != 1 else ''} from {folder}.")
+            for path in result["foreign"]:
+                print(f"Left {path} untouched: not autotune's.")
+            for path in result["busy"]:
+                print(f"Left {path} untouched: in use by a running build or trial.")
+            for path in result["not_owned"]:
+                print(f"Left {path} untouched: owned by another user.")
         return 0
-    entries = list_caches(args.dir)
+    entries = [e for folder in folders for e in list_caches(folder)]
     if not entries:
-        print(f"No caches in {args.dir}.")
+        print(f"No caches in {' or '.join(map(str, folders))}.")
         return 0
     header = ("BACKEND", "PATH", "SAMPLES", "SIZE", "DATASET", "BUILT", "STATE")
     rows = [header] + [
-        (e["backend"], e["path"], "-" if e["samples"] is None else str(e["samples"]), _size(e["nbytes"]),
-         e["fingerprint"] or "-", (e["built"] or "-").replace("T", " ")[:19], e["status"])
+        (e["backend"] or "-", e["path"], "-" if e["samples"] is None else str(e["samples"]), _size(e["nbytes"]),
+         str(e["dataset"] or "-"), (e["built"] or "-").replace("T", " ")[:19], e["status"])
         for e in entries
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    bad = [e for e in entries if e["status"] != "valid"]
-    if bad:
-        print(f"{len(bad)} not valid; `autotune cache clear --dir {args.dir}` removes them "
-              "(they are rebuilt when next used).")
+    for e in entries:
+        if e["status"] in ("untrusted", "corrupt", "foreign"):
+            print(f"{e['path']}: {e['status']}: {e['reason']}.")
+    if any(e["status"] not in ("valid", "foreign", "building", "trial running") for e in entries):
+        print("`autotune cache clear` removes autotune's caches and leftovers (they are rebuilt when next used); "
+              "it never touches a folder that is not autotune's.")
     return 0

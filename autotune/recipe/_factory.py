@@ -84,17 +84,18 @@ def _resolve(profile: Any, overrides: dict[str, Any], cache: Any) -> tuple[Loade
     return config, res
 
 
-def cache_manifest(dataset: Any, source: str | None) -> dict[str, Any]:
-    """The identity a full cache is stored under: a stable key from the dataset's source (so a changed
-    dataset replaces its old cache) and a fingerprint of the data itself (so a changed one is rebuilt)."""
-    from autotune.dataset._fingerprint import dataset_fingerprint
+def cache_manifest(dataset: Any, data_dir: str | Path | None = None) -> dict[str, Any]:
+    """What a full cache of ``dataset`` is stored under and checked against: the identity and content
+    key of the dataset actually passed (``caches._key``), never anything the recipe says, so a train
+    and a val set through one recipe get two caches."""
+    from autotune.caches._key import dataset_key
 
-    text = None
-    if source and not source.startswith("<"):
-        path = Path(source.rpartition(":")[0] or source)
-        text = path.read_text(errors="replace") if path.is_file() else None
-    key = source if source and not source.startswith("<") else type(dataset).__name__
-    return {"key": key, "fingerprint": dataset_fingerprint(dataset, text)}
+    return dataset_key(dataset, data_dir=data_dir)
+
+
+def _data_dir(profile: Any) -> str | None:
+    value = (profile.dataset or {}).get("data_dir")
+    return value if isinstance(value, str) and value else None
 
 
 def cache_location(profile: Any, dataset: Any, cache_dir: str | Path | None = None) -> Path | None:
@@ -104,18 +105,29 @@ def cache_location(profile: Any, dataset: Any, cache_dir: str | Path | None = No
     backend = profile.config.cache
     if backend in (None, "memory"):
         return None
-    root = Path(cache_dir) if cache_dir is not None else caches.DEFAULT_ROOT
-    manifest = caches.expected_manifest(cache_manifest(dataset, profile.dataset.get("source")), range(len(dataset)))
+    root = Path(cache_dir) if cache_dir is not None else caches.default_root()
+    manifest = caches.expected_manifest(cache_manifest(dataset, _data_dir(profile)), range(len(dataset)))
     return caches.cache_path(backend, root, manifest)
 
 
 def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | Path | None, progress: bool,
                    workers: int) -> Any:
+    """The opened (or built) cache of ``dataset``, or None when its samples are random: one warning
+    then, since a cache would freeze one draw of them for every epoch."""
     from autotune import caches
+    from autotune.dataset._determinism import check_deterministic
 
-    root = Path(cache_dir) if cache_dir is not None else caches.DEFAULT_ROOT
-    manifest = cache_manifest(dataset, profile.dataset.get("source"))
-    return caches.open_or_build(backend, dataset, root=root, manifest=manifest, progress=progress, workers=workers)
+    deterministic, _ = check_deterministic(dataset)
+    if not deterministic:
+        warnings.warn(
+            f"dataset[i] returns different samples on two reads, so the {backend!r} cache is not used "
+            "(it would freeze one draw for every epoch): move the random part into transform=..., which "
+            "runs after the cache every epoch, to cache the deterministic part.",
+            stacklevel=_caller_stacklevel())
+        return None
+    manifest = {} if backend == "memory" else cache_manifest(dataset, _data_dir(profile))
+    return caches.open_or_build(backend, dataset, root=cache_dir, manifest=manifest, progress=progress,
+                                workers=workers)
 
 
 def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = None, cache: Any = _UNSET,
@@ -138,10 +150,15 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = Non
                       "applies it after the cache, every epoch.", stacklevel=_caller_stacklevel())
     config, res = _resolve(profile, overrides, cache)
     user_init = overrides.pop("worker_init_fn", None)
+    source = None
     if config.cache:
+        source = _cached_source(dataset, config.cache, profile, cache_dir, progress, build_workers())
+        if source is None:
+            config = config.replace(cache=None)
+            res.settings["cache"], res.sources["cache"] = None, "not used: random samples"
+    if source is not None:
         from autotune.caches._gather import cached_source
 
-        source = _cached_source(dataset, config.cache, profile, cache_dir, progress, build_workers())
         data, collate_fn = cached_source(source, transform, overrides.get("collate_fn"))
         if collate_fn is not None:
             overrides["collate_fn"] = collate_fn

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, 
     backend = caches.get_backend(config.cache)
     # The runner gives each trial its own folder and removes it afterwards, even when it kills the trial.
     root = plan.cache_root or tempfile.mkdtemp(prefix="autotune-trial-")
+    _hold_trial_folder(root)
     manifest = {"dataset": workload.fingerprint, "trial": True}
     start = time.perf_counter()
     built = backend.build(workload.dataset, plan.indices, os.path.join(root, config.cache), manifest=manifest,
@@ -79,6 +81,31 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, 
 
     dataset, collate_fn = cached_source(built, workload.transform, workload.collate_fn)
     return dataset, build_seconds, collate_fn
+
+
+_held: dict[str, Any] = {}  # trial folder -> its lock, held for the life of the trial's process
+
+
+def _hold_trial_folder(root: str) -> None:
+    """The same trust rules as the user's caches (``caches._trust``): the trial's folder and the one
+    holding it belong to this user and nobody else can write them, else UntrustedCache. The trial
+    holds ``.trial.lock`` there while it lives, so `autotune cache clear` leaves a running trial's
+    cache alone and removes a dead one's."""
+    from autotune.caches._lock import BuildLock
+    from autotune.caches._registry import TRIAL_LOCK
+    from autotune.caches._trust import check_trusted
+
+    check_trusted(root, "Trial cache folder")
+    parent = os.path.dirname(os.path.abspath(root))
+    if os.path.basename(parent) == "trials":  # the search's <workdir>/cache/trials
+        st = os.stat(parent)
+        if st.st_uid == os.geteuid() and st.st_mode & 0o022:
+            os.chmod(parent, stat.S_IMODE(st.st_mode) & ~0o022)  # autotune's own folder, made under a loose umask
+        check_trusted(parent, "Trial cache folder", follow=True)
+    if root not in _held:
+        lock = BuildLock(os.path.join(root, TRIAL_LOCK))
+        if lock.try_acquire():
+            _held[root] = lock
 
 
 class TrialStopped(Exception):

@@ -1,0 +1,110 @@
+"""Where caches live and when one may be read: a per-user root, and folders only their owner can write.
+
+A cache's payload is decoded with pickle for whatever the codec cannot store as raw columns, so a
+cache is code as much as data: it is read only from a folder the current user owns and nobody else
+can write. The root is ``$AUTOTUNE_CACHE_DIR``, else ``$XDG_CACHE_HOME/autotune``, else
+``~/.cache/autotune`` (where pip, torch hub and Hugging Face datasets keep theirs), created 0700
+and tagged with a ``CACHEDIR.TAG`` (https://bford.info/cachedir/) so backup tools skip it. A folder
+that exists, holds something, and carries no such tag is somebody's data: autotune never writes there.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from autotune.errors import AutotuneError
+
+TAG_NAME = "CACHEDIR.TAG"
+TAG = ("Signature: 8a477f597d28d172789f06886806bc55\n"
+       "# This file is a cache directory tag created by autotune (its sample caches).\n"
+       "# For information about cache directory tags, see https://bford.info/cachedir/\n")
+
+
+class UntrustedCache(AutotuneError):
+    """A cache folder another user could have written: it is never decoded."""
+
+
+def default_root() -> Path:
+    """``$AUTOTUNE_CACHE_DIR``, else ``$XDG_CACHE_HOME/autotune``, else ``~/.cache/autotune``."""
+    explicit = os.environ.get("AUTOTUNE_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "autotune"
+    return Path.home() / ".cache" / "autotune"
+
+
+def trust_problem(path: Path | str, *, follow: bool = False) -> str | None:
+    """Why ``path`` must not be read (one line, with the fix), or None when only its owner can write it.
+
+    ``follow``: judge what a symbolic link points at (for the root); a cache directory itself must be
+    a real directory."""
+    path = Path(path)
+    try:
+        st = os.stat(path) if follow else os.lstat(path)
+    except FileNotFoundError:
+        return f"{path} does not exist"
+    except OSError as exc:
+        return f"{path} cannot be examined ({exc.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return f"{path} is a symbolic link, not a folder autotune made; remove it"
+    uid = os.geteuid()
+    if st.st_uid != uid:
+        return (f"{path} is owned by uid {st.st_uid}, not by you (uid {uid}); remove it or set "
+                "AUTOTUNE_CACHE_DIR to a folder of your own")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (f"{path} is writable by {'group and others' if st.st_mode & stat.S_IWOTH else 'its group'} "
+                f"(mode {stat.S_IMODE(st.st_mode):o}); run `chmod go-w {path}` or set AUTOTUNE_CACHE_DIR "
+                "to a private folder")
+    return None
+
+
+def check_trusted(path: Path | str, what: str = "Cache folder", *, follow: bool = False) -> None:
+    """Raise UntrustedCache when ``path`` could have been written by someone else."""
+    problem = trust_problem(path, follow=follow)
+    if problem is not None:
+        raise UntrustedCache(f"{what} not used: {problem}.")
+
+
+def is_tagged(root: Path | str) -> bool:
+    try:
+        return (Path(root) / TAG_NAME).read_text(errors="replace").startswith(TAG.split("\n")[0])
+    except OSError:
+        return False
+
+
+def ensure_root(root: Path | str | None = None) -> Path:
+    """The cache root, created 0700 and tagged when new; UntrustedCache when someone else could write
+    it, AutotuneError when it is a folder of other files (never written to)."""
+    root = Path(root) if root is not None else default_root()
+    if not root.exists():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+        else:
+            os.chmod(root, 0o700)  # whatever the umask
+    if not root.is_dir():
+        raise AutotuneError(f"The cache folder {root} is not a folder; pass cache_dir= a new or empty "
+                            "folder, or set AUTOTUNE_CACHE_DIR.")
+    check_trusted(root, "Cache folder", follow=True)
+    if not is_tagged(root):
+        if any(root.iterdir()):
+            raise AutotuneError(f"The cache folder {root} holds files autotune did not put there, so autotune "
+                                "will not write in it; pass cache_dir= a new or empty folder, or omit it.")
+        _write_tag(root)
+    return root
+
+
+def _write_tag(root: Path) -> None:
+    tmp = root / f".{TAG_NAME}.tmp-{os.getpid()}"
+    tmp.write_text(TAG)
+    os.replace(tmp, root / TAG_NAME)
+
+
+__all__ = ["TAG_NAME", "UntrustedCache", "check_trusted", "default_root", "ensure_root", "is_tagged",
+           "trust_problem"]
