@@ -31,10 +31,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from autotune.tuner._lifecycle import folder_bytes, leftover_trials, remove_leftovers
+
+    trials = args.dir / "trials"  # a search's trial folders (autotune/tuner/_runner.py)
     if args.cache_action == "clear":
         n = clear_caches(args.dir, backend=args.backend)
         print(f"Removed {n} cache{'s' if n != 1 else ''} from {args.dir}.")
+        if args.backend is None and (gone := remove_leftovers(trials)):
+            print(f"Removed {len(gone)} trial folder(s) left by a search that was killed.")
         return 0
+    leftovers = leftover_trials(trials)
+    if leftovers:
+        print(f"{len(leftovers)} trial folder(s) left by a search that was killed "
+              f"({_size(sum(folder_bytes(p) for p in leftovers))}) in {trials}; "
+              f"`autotune cache clear --dir {args.dir}` removes them.")
     entries = list_caches(args.dir)
     if not entries:
         print(f"No caches in {args.dir}.")

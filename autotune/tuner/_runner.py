@@ -14,7 +14,6 @@ import multiprocessing
 import os
 import pickle
 import shutil
-import tempfile
 import signal
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any, Callable
 
 import psutil
 
+from autotune.tuner._lifecycle import trial_folder, watch_parent
 from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
 from autotune.machine._memory import format_bytes, tree_pss, tree_rss
 from autotune.recipe._process import PRELOAD_ALLOCATORS, launch_env
@@ -81,6 +81,9 @@ def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict
     global _TRIAL_PID
     _TRIAL_PID = os.getpid()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    _release_forkserver()
+    watch_parent(os.getppid())  # the search died without stopping us (SIGKILL): take the workers along
+    _own_resource_tracker()
     for folder in reversed(sys_path):
         if folder not in sys.path:
             sys.path.insert(0, folder)
@@ -106,17 +109,70 @@ def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict
         conn.close()
 
 
+def _release_forkserver() -> None:
+    """Close this trial's copy of the search's forkserver "alive" pipe.
+
+    The forkserver exits when every holder of that pipe is gone, and every process it forks inherits a
+    copy: kept open, a trial would keep the forkserver (its parent) alive after the search was killed, and
+    so never see its parent die. A trial whose DataLoader wants a forkserver starts its own.
+    """
+    try:
+        from multiprocessing import forkserver
+
+        server = forkserver._forkserver
+        if server._forkserver_alive_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+        server._forkserver_pid = None
+        server._forkserver_address = None
+    except Exception:  # noqa: BLE001 - another Python's internals: the watch thread still covers spawn
+        pass
+
+
+def _own_resource_tracker() -> None:
+    """Give this trial its own multiprocessing resource tracker instead of the search's.
+
+    The semaphores of a DataLoader's queues (spawn and forkserver workers) are registered with a tracker;
+    a trial killed before it unregisters them would leave them to the search's tracker, which warns
+    "leaked semaphore objects" when the search ends. The trial's own tracker outlives the trial
+    (``kill_tree`` spares it), removes what a killed trial left, notes it in the trial's log, and exits.
+    """
+    try:
+        from multiprocessing import resource_tracker
+
+        tracker = resource_tracker._resource_tracker
+        with tracker._lock:
+            if tracker._fd is not None:
+                os.close(tracker._fd)  # the search's tracker: inherited, not ours to hold
+            tracker._fd = None
+            tracker._pid = None
+        tracker.ensure_running()
+    except Exception:  # noqa: BLE001 - another Python's internals: keep the shared tracker
+        pass
+
+
+def _is_tracker(proc: psutil.Process) -> bool:
+    try:
+        return any("resource_tracker" in part for part in proc.cmdline())
+    except psutil.Error:
+        return False
+
+
 def kill_tree(pid: int, grace: float = 3.0) -> None:
     """Stop a trial process and every descendant (its DataLoader workers).
 
     SIGTERM first, so the trial unwinds and releases its workers' semaphores and shared memory; SIGKILL
-    for whatever is left after ``grace`` seconds (a hung worker, a process stuck in C code).
+    for whatever is left after ``grace`` seconds (a hung worker, a process stuck in C code). The trial's
+    resource tracker is spared: it exits by itself once the others are gone, after removing what they left.
     """
     try:
         root = psutil.Process(pid)
         procs = [*root.children(recursive=True), root]
     except psutil.NoSuchProcess:
         return
+    trackers = [p for p in procs if _is_tracker(p)]
+    procs = [p for p in procs if p not in trackers]
     try:
         root.terminate()
         root.wait(grace)
@@ -128,6 +184,7 @@ def kill_tree(pid: int, grace: float = 3.0) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(procs, timeout=10)
+    psutil.wait_procs(trackers, timeout=5)
 
 
 def _death_reason(exitcode: int | None) -> str:
@@ -175,8 +232,7 @@ class Runner:
         ctx, env = self._context_for(config)
         trial_dir = None
         if plan.cache_root:
-            os.makedirs(plan.cache_root, exist_ok=True)
-            trial_dir = tempfile.mkdtemp(prefix="trial-", dir=plan.cache_root)
+            trial_dir = trial_folder(plan.cache_root)
             plan = dataclasses.replace(plan, cache_root=trial_dir)
         receiver, sender = ctx.Pipe(duplex=True)
         proc = ctx.Process(

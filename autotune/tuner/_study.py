@@ -16,6 +16,7 @@ from typing import Any
 import optuna
 
 from autotune.errors import AutotuneError
+from autotune.tuner._lifecycle import remove_leftovers, stop_on_signals
 from autotune.tuner._measure import Plan
 from autotune.machine._memory import format_bytes
 from autotune.tuner._preparation import Setup, prepare
@@ -134,13 +135,25 @@ class _Progress:
 
 def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None, runner: Any = None) -> Outcome:
     """Tune ``spec``. ``setup`` and ``runner`` default to the real preparation and trial processes;
-    the search-core tests pass their own, to run the loop in memory."""
+    the search-core tests pass their own, to run the loop in memory.
+
+    SIGTERM and SIGHUP stop it like Ctrl-C: the running trial's process tree is stopped and its folder
+    removed, then ``Stopped`` (or KeyboardInterrupt) is raised."""
+    with stop_on_signals():
+        return _search(spec, opts, setup, runner)
+
+
+def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: Any) -> Outcome:
     started = time.monotonic()
     deadline = started + opts.budget
     setup = setup or prepare(spec, opts)
     hw, probe, limits, space, plan = setup.hardware, setup.probe, setup.limits, setup.space, setup.plan
     trial_seconds = setup.trial_seconds
     runner = runner or Runner(setup.workload, spec.sys_path, memory_limit=limits.memory_budget)
+    if plan.cache_root:
+        removed = remove_leftovers(plan.cache_root)
+        if removed:
+            limits.notes.append(f"removed {len(removed)} trial folder(s) left by a search that was killed")
     shm_limited: list[str] = []
     log_dir = Path(opts.workdir) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
