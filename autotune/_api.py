@@ -103,6 +103,8 @@ def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
 
 def search_spec(spec: UserSpec, opts: SearchOptions, output: str | os.PathLike | None) -> tuple[Recipe, Outcome]:
     """Search ``spec`` and, with an ``output`` path, add this machine's profile to that recipe file."""
+    if output is not None:
+        RecipeFile.check_target(output)  # fails now, not after the budget is spent
     outcome = run_search(spec, opts)
     profile = profile_from(outcome, spec)
     if output is not None:
