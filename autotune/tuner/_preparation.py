@@ -3,7 +3,7 @@ space, the measured subset, the files to evict, the batch size in bytes, and wha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +85,16 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
                         collate_fn=spec.collate_fn, transform=spec.transform, train_step=spec.train_step,
                         fingerprint=probe.fingerprint)
     return Setup(hw, probe, limits, space, plan, workload, probe.batch_bytes, shm_free(), trial_seconds)
+
+
+def with_subset(setup: Setup, spec: UserSpec, opts: Any, count: int) -> Setup:
+    """``setup`` measuring ``count`` samples instead: a study shared by several searches keeps the subset the
+    first one chose (its size comes from a timing, which differs a little between nodes and runs)."""
+    probe = setup.probe
+    count = max(1, min(int(count), probe.length))
+    if count == len(setup.plan.indices):
+        return setup
+    indices = list(range(probe.length)) if count >= probe.length else probe_indices(probe.length, count, opts.seed)
+    sources = source_files(spec.dataset, indices, probe.length, opts.data_dir)
+    plan = replace(setup.plan, indices=indices, files=sources.files, cold_every_epoch=sources.cold_every_epoch)
+    return replace(setup, plan=plan)

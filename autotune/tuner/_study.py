@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import json
 import os
+import socket
 import statistics
 import sys
 import time
@@ -22,7 +23,7 @@ from autotune.tuner import _storage
 from autotune.tuner._lifecycle import remove_leftovers, stop_on_signals
 from autotune.tuner._measure import Plan
 from autotune.machine._memory import format_bytes
-from autotune.tuner._preparation import Setup, prepare
+from autotune.tuner._preparation import Setup, prepare, with_subset
 from autotune.dataset._probe import Probe
 from autotune.tuner._runner import Runner, TrialFailed, TrialPruned
 from autotune.machine._shm import shm_rule
@@ -93,9 +94,10 @@ class HopelessPruner(optuna.pruners.BasePruner):
         return bool(done) and trial.intermediate_values[step] > self.factors.get(step, 1.5) * min(done)
 
 
-def _study_name(probe: Probe, hw: dict, spec: UserSpec, space: Space, plan: Plan) -> str:
-    shape = json.dumps([repr(space), len(plan.indices)], sort_keys=True)
-    digest = hashlib.sha256(shape.encode()).hexdigest()[:8]
+def _study_name(probe: Probe, hw: dict, spec: UserSpec, space: Space) -> str:
+    """Searches on the same dataset (fingerprint), hardware (fingerprint, ranks per node included), batch
+    size, epochs and space share one study; the measured subset is the study's (``subset`` attribute)."""
+    digest = hashlib.sha256(json.dumps([repr(space)]).encode()).hexdigest()[:8]
     return f"autotune-{probe.fingerprint}-{hw['fingerprint']}-b{spec.batch_size}-e{spec.epochs}-{digest}"
 
 
@@ -165,7 +167,7 @@ def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: An
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study = optuna.create_study(
-        study_name=_study_name(probe, hw, spec, space, plan),
+        study_name=_study_name(probe, hw, spec, space),
         storage=storage,
         load_if_exists=True,
         direction="minimize",
@@ -174,6 +176,12 @@ def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: An
         pruner=HopelessPruner(),
     )
     _storage.fail_stale(study)  # only dead searches' trials: another live search keeps its own
+    subset = study.user_attrs.get("subset")
+    if subset is None:
+        study.set_user_attr("subset", len(plan.indices))
+    elif subset != len(plan.indices):
+        setup = with_subset(setup, spec, opts, subset)
+        plan = setup.plan
     default = space.default()
     if opts.resume_only:
         return _from_study(study, space, plan, probe, hw, limits, opts, started)
@@ -220,6 +228,13 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, space: Space, setup: Se
     key = _key(config)
     _storage.set_attr(trial, "config", config.to_json())
     _storage.set_attr(trial, "config_key", key)
+    _storage.set_attr(trial, "search", _search_id())  # which search ran it, in a shared study
+    if _measured_elsewhere_now(study, key, trial.number):
+        # Another search sharing the study measures this point right now: its figure will do.
+        _storage.set_attr(trial, "repeat", True)
+        _storage.set_attr(trial, "reason", "measured at the same time by another search sharing the study")
+        _storage.tell(study, trial, state=optuna.trial.TrialState.PRUNED)
+        return
     earlier = _completed_value(study, key, trial.number)
     if earlier is not None:
         counters["repeats"] += 1  # a point already measured: tell its figure, spend no time
@@ -287,6 +302,15 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
 def _record(trial: optuna.Trial, result: dict) -> None:
     for key in ("prediction", "epochs", "peak_memory_bytes", "measured_samples"):
         _storage.set_attr(trial, key, result[key])
+
+
+def _search_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _measured_elsewhere_now(study: optuna.Study, key: str, number: int) -> bool:
+    return any(t.number < number and t.user_attrs.get("config_key") == key and not t.user_attrs.get("repeat")
+               for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
 
 
 def _completed_value(study: optuna.Study, key: str, number: int) -> float | None:
@@ -361,10 +385,8 @@ def _pool_runs(study: optuna.Study, figures: dict[LoaderConfig, list[dict]],
     can be written later from the study alone (``resume_only``)."""
     own = {_key(c): [_slim(r) for r in v] for c, v in figures.items() if v and c not in failed}
     if own:
-        import socket
-
         with contextlib.suppress(Exception):  # sharing is a bonus; this search's own runs still decide
-            study.set_user_attr(f"{_RUNS_PREFIX}{socket.gethostname()}:{os.getpid()}:{time.time():.0f}", own)
+            study.set_user_attr(f"{_RUNS_PREFIX}{_search_id()}:{time.time():.0f}", own)
     return {c: v for c, v in _pooled_runs(study, extra=own).items() if c not in failed}
 
 
