@@ -155,7 +155,8 @@ def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: An
     setup = setup or prepare(spec, opts)
     hw, probe, limits, space, plan = setup.hardware, setup.probe, setup.limits, setup.space, setup.plan
     trial_seconds = setup.trial_seconds
-    runner = runner or Runner(setup.workload, spec.sys_path, memory_limit=limits.memory_budget)
+    runner = runner or Runner(setup.workload, spec.sys_path, memory_limit=limits.memory_budget * setup.ranks,
+                              ranks=setup.ranks)
     if plan.cache_root:
         removed = remove_leftovers(plan.cache_root)
         if removed:
@@ -242,7 +243,8 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, space: Space, setup: Se
         _storage.tell(study, trial, earlier)
         return
     counters["repeats"] = 0
-    reason = shm_rule(config.num_workers, config.prefetch_factor, setup.batch_bytes, setup.shm_free)
+    free = None if setup.shm_free is None else setup.shm_free // setup.ranks  # every rank's workers share it
+    reason = shm_rule(config.num_workers, config.prefetch_factor, setup.batch_bytes, free)
     if reason is not None:
         shm_limited.append(config.describe())
         _storage.set_attr(trial, "reason", reason)
