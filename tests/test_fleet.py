@@ -16,6 +16,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from autotune.diagnose._report import load_trials
 from autotune.tuner import _storage
 from autotune.tuner._study import _study_name, search
 
@@ -141,4 +142,17 @@ def test_two_searches_share_one_study_on_postgresql(tmp_path, postgres_url):  # 
     # The search that finished last saw every search's finalist runs: its recipe is the study's.
     assert _config(tmp_path / f"{finished[-1]}.json") == _config(tmp_path / "a2.json")
     assert len(study.get_trials(deepcopy=False)) == len(trials)  # --resume-only measured nothing
+    print(f"trials per search: {sorted(by_search.values())}; states: "
+          f"{sorted((s.name, sum(t.state == s for t in trials)) for s in {t.state for t in trials})}")
+
+    # `autotune report` on a recipe naming a database without Optuna tables creates none there.
+    other = postgres_url.rsplit("/", 1)[0] + "/postgres"
+    rows, why = load_trials({"name": summary.study_name, "storage": other})
+    assert rows is None and "holds no Optuna studies" in why
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(other)
+    with engine.connect() as connection:
+        assert sqlalchemy.inspect(connection).get_table_names() == []
+    engine.dispose()
 

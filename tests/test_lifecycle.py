@@ -89,7 +89,7 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
     return out
 
 
-@pytest.mark.parametrize("sig, block", [(signal.SIGTERM, False), (signal.SIGHUP, True)])
+@pytest.mark.parametrize("sig, block", [(signal.SIGTERM, False), (signal.SIGHUP, True), (signal.SIGINT, False)])
 def test_a_signal_mid_trial_stops_the_whole_tree_and_removes_its_folder(tmp_path, sig, block):
     proc = _start(tmp_path, block=block)
     try:
@@ -99,7 +99,8 @@ def test_a_signal_mid_trial_stops_the_whole_tree_and_removes_its_folder(tmp_path
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 128 + sig, err
-        assert f"stopped by {signal.Signals(sig).name}" in err
+        said = "interrupted" if sig == signal.SIGINT else f"stopped by {signal.Signals(sig).name}"
+        assert f"autotune: {said}" in err
         time.sleep(5)
         assert _alive(tree) == []
         assert list((tmp_path / "w" / "cache" / "trials").glob("trial-*")) == []

@@ -44,5 +44,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"The nearest profile, {profile.fingerprint}, was tuned on other hardware:")
     for change in changes or ["hardware fingerprint differs"]:
         print(f"  {change}")
-    print(f"Re-tune here with {regenerate_command(profile)}.")
+    command = regenerate_command(profile)
+    if hw.get("ranks_per_node", 1) > 1 and command.startswith("`autotune search "):
+        command = command[:-1] + f" --ranks-per-node {hw['ranks_per_node']}`"
+    print(f"Re-tune here with {command}.")
     return HardwareMismatch.exit_code
