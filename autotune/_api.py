@@ -9,6 +9,7 @@ from typing import Any, Callable
 from torch.utils.data import DataLoader
 
 from autotune.machine import _hardware as hardware
+from autotune.machine._cpus import ranks_per_node as ranks_from
 from autotune._duration import parse_duration
 from autotune.errors import AutotuneError
 from autotune.recipe._factory import _UNSET, build_loader
@@ -104,6 +105,8 @@ def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
 
 def search_spec(spec: UserSpec, opts: SearchOptions, output: str | os.PathLike | None) -> tuple[Recipe, Outcome]:
     """Search ``spec`` and, with an ``output`` path, add this machine's profile to that recipe file."""
+    if output is not None:
+        RecipeFile.check_target(output)  # fails now, not after the budget is spent
     outcome = run_search(spec, opts)
     profile = profile_from(outcome, spec)
     if output is not None:
@@ -127,21 +130,26 @@ def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10, budget: str 
 
 
 def load(path: str | os.PathLike = DEFAULT_RECIPE, *, on_mismatch: str = "warn", dataset: Any = None,
-         budget: str | float = "2m") -> Recipe:
+         budget: str | float = "2m", ranks_per_node: int | None = None) -> Recipe:
     """The profile for this machine from a recipe file.
 
+    Profiles are filed under (hardware, ranks per node): ``ranks_per_node`` defaults to torchrun's
+    ``LOCAL_WORLD_SIZE`` (1 outside torchrun), so each rank of a job finds the profile that
+    ``autotune search --ranks-per-node N`` wrote.
     With no profile for this machine: ``on_mismatch="warn"`` warns what changed and uses the nearest,
     ``"error"`` raises HardwareMismatch, ``"search"`` tunes here now (``dataset`` or the recipe's dataset
     file), adds this machine's profile to the file and uses it.
     """
     rf = RecipeFile.read(path)
-    profile, changes = choose_profile(rf, hardware.collect(), on_mismatch, stacklevel=3)
+    ranks = ranks_from(ranks_per_node)
+    profile, changes = choose_profile(rf, hardware.collect(ranks_per_node=ranks), on_mismatch, stacklevel=3)
     if changes and on_mismatch == "search":
-        return _search_here(profile, path, dataset, budget)
+        return _search_here(profile, path, dataset, budget, ranks)
     return Recipe(profile, path, changes)
 
 
-def _search_here(nearest: Profile, path: str | os.PathLike, dataset: Any, budget: str | float) -> Recipe:
+def _search_here(nearest: Profile, path: str | os.PathLike, dataset: Any, budget: str | float,
+                 ranks: int = 1) -> Recipe:
     settings = nearest.settings or {}
     source = nearest.dataset.get("source", "")
     if dataset is None:
@@ -153,12 +161,12 @@ def _search_here(nearest: Profile, path: str | os.PathLike, dataset: Any, budget
     else:
         spec = UserSpec(dataset=dataset, source=source, batch_size=settings.get("batch_size", 32),
                         epochs=settings.get("epochs", 10))
-    opts = SearchOptions(budget=parse_duration(budget))
+    opts = SearchOptions(budget=parse_duration(budget), ranks_per_node=ranks)
     return search_spec(spec, opts, path)[0]
 
 
 def dataloader(dataset: Any, path: str | os.PathLike = DEFAULT_RECIPE, *, on_mismatch: str = "warn",
-               **kwargs: Any) -> DataLoader:
+               ranks_per_node: int | None = None, **kwargs: Any) -> DataLoader:
     """One step: ``load(path)`` then ``Recipe.dataloader(dataset, **kwargs)``."""
-    recipe = load(path, on_mismatch=on_mismatch, dataset=dataset)
+    recipe = load(path, on_mismatch=on_mismatch, dataset=dataset, ranks_per_node=ranks_per_node)
     return recipe.dataloader(dataset, **kwargs)

@@ -33,8 +33,9 @@ def test_collect_has_every_key_with_sane_types():
     hw = hardware.collect()
     assert set(hw) == {
         "cpu_model", "usable_cpus", "logical_cpus", "memory_bytes", "gpus", "torch", "cuda",
-        "python", "platform", "shm_bytes", "fingerprint",
+        "python", "platform", "shm_bytes", "fingerprint", "ranks_per_node",
     }
+    assert hw["ranks_per_node"] == 1
     assert isinstance(hw["usable_cpus"], int) and hw["usable_cpus"] >= 1
     assert isinstance(hw["memory_bytes"], int) and hw["memory_bytes"] > 0
     assert isinstance(hw["gpus"], list)

@@ -194,7 +194,7 @@ def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, ma
 # -------------------------------------------------------------------------------- list and clear
 _TEMP = re.compile(r"^\.((?:pickle|hdf5|lmdb)(?:-.+)?)\.(tmp|old)-\d+-[0-9a-f]+$")  # _base's temp names
 _LOCK = re.compile(r"^\.((?:pickle|hdf5|lmdb)(?:-.+)?)\.lock$")
-_TRIAL = re.compile(r"^trial-[A-Za-z0-9_]{8}$")
+_TRIAL = re.compile(r"^trial-[A-Za-z0-9_.-]+$")  # autotune/tuner/_lifecycle.py names them
 TRIAL_LOCK = ".trial.lock"
 
 
@@ -234,7 +234,10 @@ def _classify(path: Path) -> dict:
     if _TRIAL.match(path.name):
         inner = [_classify(p) for p in sorted(path.iterdir()) if p.name != TRIAL_LOCK]
         if all(e["kind"] != "foreign" for e in inner):
-            busy = not is_free(path / TRIAL_LOCK)
+            from autotune.tuner._lifecycle import is_leftover
+
+            # held by its trial, or made by a search still running (before its trial took the lock)
+            busy = not is_free(path / TRIAL_LOCK) or not is_leftover(path)
             entry.update(kind="trial", nbytes=_dir_bytes(path), status="trial running" if busy else "trial leftover",
                          backend=",".join(sorted({e["backend"] for e in inner if e["backend"]})) or None)
             return entry

@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from autotune.errors import AutotuneError
+from autotune.tuner._lifecycle import Stopped
 
 # One module per subcommand in this package (_NAME.py); each has register(subparsers) and run(args) -> int.
 COMMANDS = ("search", "show", "check", "cache", "run", "validate", "diagnose", "report")
@@ -51,5 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("autotune: interrupted", file=sys.stderr)
         return 130
+    except Stopped as exc:  # SIGTERM, SIGHUP: the search stopped its trials and removed their folders
+        print(f"autotune: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from autotune._duration import format_seconds, parse_duration
@@ -19,8 +20,13 @@ def parse_size(text: str) -> int:
         value = float(number) * units[unit]
     except (ValueError, KeyError):
         raise AutotuneError(f"Memory size must look like 8G, 512M or 2GiB, but got {text!r}.") from None
+    if not math.isfinite(value):
+        raise AutotuneError(f"Memory size must be a finite size such as 8G or 512M, but got {text!r}.")
     if value <= 0:
         raise AutotuneError(f"Memory size must be positive, but got {text!r}.")
+    if value < 1 << 20:
+        raise AutotuneError(f"Memory size {text!r} is under 1 MiB, too small for a DataLoader; give a unit, "
+                            "e.g. 512M or 8G.")
     return int(value)
 
 
@@ -49,6 +55,8 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
                    "dataset[i] opens)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--resume-only", action="store_true",
+                   help="measure nothing: write the recipe from what the study (--storage, shared by a fleet) holds")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -69,9 +77,15 @@ def options_from(args: argparse.Namespace):
             raise AutotuneError(f"--{flag.replace('_', '-')} must be a positive integer, but got {value}.")
     if args.ranks_per_node < 1:
         raise AutotuneError(f"--ranks-per-node must be at least 1, but got {args.ranks_per_node}.")
+    budget = parse_duration(args.budget)
+    if not math.isfinite(budget):
+        raise AutotuneError(f"--budget must be a finite duration such as 90s, 2m or 1h, but got {args.budget!r}.")
+    workdir = Path(args.workdir)
+    if workdir.exists() and not workdir.is_dir():
+        raise AutotuneError(f"--workdir {workdir} is a file, not a folder; pass a folder (default .autotune).")
     return SearchOptions(
-        budget=parse_duration(args.budget),
-        workdir=Path(args.workdir),
+        budget=budget,
+        workdir=workdir,
         storage=args.storage,
         seed=args.seed,
         caches=parse_caches(args.caches) if args.caches else None,
@@ -80,6 +94,7 @@ def options_from(args: argparse.Namespace):
         ranks_per_node=args.ranks_per_node,
         progress=not args.no_progress,
         data_dir=args.data_dir,
+        resume_only=getattr(args, "resume_only", False),
     )
 
 
@@ -121,8 +136,11 @@ def summary(recipe, outcome, output: str | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from autotune._api import search_spec
     from autotune.dataset._userfile import load_user_file
+    from autotune.recipe._file import RecipeFile
 
     opts = options_from(args)
+    if args.output is not None:
+        RecipeFile.check_target(args.output)  # before the budget is spent
     spec = load_user_file(args.target, batch_size=args.batch_size, epochs=args.epochs)
     recipe, outcome = search_spec(spec, opts, args.output)
     print(summary(recipe, outcome, args.output))

@@ -71,18 +71,18 @@ def load_trials(study: dict[str, Any] | None) -> tuple[list[TrialRow] | None, st
     if not study or not study.get("name") or not study.get("storage"):
         return None, "the recipe names no Optuna study"
     url, name = str(study["storage"]), str(study["name"])
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):]
-        if not os.path.isfile(path):  # opening it would create an empty database
-            return None, f"the study's storage {path} is not on this machine (moved, or tuned elsewhere)"
     try:
         import optuna
 
+        from autotune.tuner._storage import open_existing_study, shown
+
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        loaded = optuna.load_study(study_name=name, storage=url)
+        loaded = open_existing_study(url, name)  # read-only: never creates a database, tables or a study
         trials = loaded.get_trials(deepcopy=False)
+    except LookupError as exc:
+        return None, str(exc)
     except Exception as exc:  # noqa: BLE001 - any storage failure means: draw from the recipe alone
-        return None, f"the study {name!r} could not be opened from {url}: {type(exc).__name__}: {exc}"
+        return None, f"the study {name!r} could not be opened from {shown(url)}: {type(exc).__name__}: {exc}"
     rows = []
     for t in trials:
         value = t.value

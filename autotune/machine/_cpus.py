@@ -23,7 +23,7 @@ import math
 import os
 from pathlib import Path
 
-__all__ = ["usable_cpus", "cpu_limits", "cgroup_quota"]
+__all__ = ["usable_cpus", "cpu_limits", "cgroup_quota", "ranks_per_node"]
 
 # cgroup v1 mounts the cpu controller under one of these names, depending on the distribution.
 _V1_CPU_DIRS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")
@@ -198,3 +198,18 @@ def usable_cpus(
     return cpu_limits(
         ranks_per_node, cgroup_root=cgroup_root, affinity=affinity, cgroup_path=cgroup_path
     )["usable_cpus"]
+
+
+def ranks_per_node(explicit: int | None = None, environ: dict | None = None) -> int:
+    """Training processes sharing this node: ``explicit`` when given, else torchrun's ``LOCAL_WORLD_SIZE``
+    (set in every rank it starts), else 1."""
+    if explicit is not None:
+        if isinstance(explicit, bool) or not isinstance(explicit, int) or explicit < 1:
+            raise ValueError(f"ranks_per_node must be a positive integer, but got {explicit!r}.")
+        return explicit
+    text = (os.environ if environ is None else environ).get("LOCAL_WORLD_SIZE", "")
+    try:
+        value = int(text)
+    except ValueError:
+        return 1
+    return value if value >= 1 else 1

@@ -19,6 +19,7 @@ import sys
 from collections import Counter
 from typing import Any
 
+from autotune.machine._cpus import ranks_per_node as ranks
 from autotune.machine._cpus import usable_cpus
 from autotune.machine._memory import format_bytes as _format_bytes
 
@@ -145,8 +146,10 @@ def collect_shm_bytes(path: str = "/dev/shm") -> int | None:
         return None
 
 
-def collect(ranks_per_node: int = 1) -> dict[str, Any]:
-    """All facts about this machine, plus their ``fingerprint``."""
+def collect(ranks_per_node: int | None = 1) -> dict[str, Any]:
+    """All facts about this machine as one of ``ranks_per_node`` training processes on it (None: torchrun's
+    ``LOCAL_WORLD_SIZE``, else 1), plus their ``fingerprint``."""
+    ranks_per_node = ranks(ranks_per_node)
     hw: dict[str, Any] = {
         "cpu_model": collect_cpu_model(),
         "usable_cpus": collect_usable_cpus(ranks_per_node),
@@ -158,6 +161,7 @@ def collect(ranks_per_node: int = 1) -> dict[str, Any]:
         "python": collect_python(),
         "platform": collect_platform(),
         "shm_bytes": collect_shm_bytes(),
+        "ranks_per_node": ranks_per_node,
     }
     hw["fingerprint"] = fingerprint(hw)
     return hw
@@ -184,7 +188,7 @@ def _memory_gib(memory_bytes: int | None) -> int | None:
 def identity(hw: dict[str, Any]) -> dict[str, Any]:
     """The stable facts that define a machine for the recipe: two runs on the same machine give
     the same identity; python patch level, platform string, /dev/shm size are left out."""
-    return {
+    out = {
         "cpu_model": hw.get("cpu_model"),
         "usable_cpus": hw.get("usable_cpus"),
         "memory_gib": _memory_gib(hw.get("memory_bytes")),
@@ -192,6 +196,9 @@ def identity(hw: dict[str, Any]) -> dict[str, Any]:
         "torch": _torch_minor(hw.get("torch")),
         "cuda": hw.get("cuda"),
     }
+    if (hw.get("ranks_per_node") or 1) > 1:  # only then: one rank's fingerprint stays what it always was
+        out["ranks_per_node"] = hw["ranks_per_node"]
+    return out
 
 
 def fingerprint(hw: dict[str, Any]) -> str:
@@ -238,6 +245,8 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         out.append(f"torch: {_show(a['torch'])} -> {_show(b['torch'])}")
     if a["cuda"] != b["cuda"]:
         out.append(f"CUDA: {_show(a['cuda'])} -> {_show(b['cuda'])}")
+    if a.get("ranks_per_node", 1) != b.get("ranks_per_node", 1):
+        out.append(f"ranks per node: {a.get('ranks_per_node', 1)} -> {b.get('ranks_per_node', 1)}")
     return out
 
 
@@ -280,6 +289,7 @@ def distance(a: dict[str, Any], b: dict[str, Any]) -> float:
         d += 0.5
     if x["torch"] != y["torch"]:
         d += 0.5
+    d += 3.0 * _log_ratio(x.get("ranks_per_node", 1), y.get("ranks_per_node", 1))  # like a CPU share
     return d
 
 
@@ -292,12 +302,7 @@ def describe(hw: dict[str, Any]) -> str:
     gpus = "no GPU" if gpus == "none" else gpus
     torch = f"torch {_show(_torch_minor(hw.get('torch')))}"
     torch += f" (CUDA {hw['cuda']})" if hw.get("cuda") else " (CPU)"
-    return ", ".join(
-        [
-            hw.get("cpu_model") or "unknown CPU",
-            f"{cpus} CPUs",
-            format_bytes(hw.get("memory_bytes")),
-            gpus,
-            torch,
-        ]
-    )
+    parts = [hw.get("cpu_model") or "unknown CPU", f"{cpus} CPUs", format_bytes(hw.get("memory_bytes")), gpus, torch]
+    if (hw.get("ranks_per_node") or 1) > 1:
+        parts.append(f"{hw['ranks_per_node']} ranks per node")
+    return ", ".join(parts)

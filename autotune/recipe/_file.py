@@ -301,6 +301,22 @@ class RecipeFile:
             profiles[profile.fingerprint] = profile
         return cls(profiles=profiles, path=path)
 
+    @classmethod
+    def check_target(cls, path: str | os.PathLike) -> None:
+        """Raise RecipeError now when ``merge_write(path, ...)`` would fail later: an existing file that is
+        unreadable, corrupt, of a newer version or not writable, or a folder that is missing or read-only."""
+        path = Path(path)
+        if path.exists() or path.is_symlink():
+            cls.read(path)
+            if not os.access(path, os.W_OK):
+                raise RecipeError(f"Recipe file {path} is not writable; fix its permissions or pass --output OTHER.json.")
+        folder = path.parent
+        if not folder.is_dir():
+            raise RecipeError(f"The folder of the recipe file {path} does not exist; create it or pass another path.")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise RecipeError(f"Cannot write the recipe file {path}: its folder {folder} is not writable; pass "
+                              "--output a path in a writable folder.")
+
     def add(self, profile: Profile) -> None:
         """Add ``profile``, replacing any profile of the same hardware fingerprint."""
         self.profiles[profile.fingerprint] = profile

@@ -3,7 +3,7 @@ space, the measured subset, the files to evict, the batch size in bytes, and wha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ class Setup:
     batch_bytes: int
     shm_free: int | None
     trial_seconds: float
+    ranks: int = 1  # training processes per node, measured together (memory budget and /dev/shm shared)
 
 
 def subset_size(probe: Probe, batch_size: int, seconds: float) -> int:
@@ -47,9 +48,10 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
     hw = hardware.collect(ranks_per_node=opts.ranks_per_node)
     probe = probe_dataset(spec, seed=opts.seed)
     stateful = epoch_state_warning(spec.dataset)
+    ranks = max(1, opts.ranks_per_node)
     limits = Limits(
-        usable_cpus=usable_cpus(opts.ranks_per_node),
-        memory_budget=opts.max_memory or default_budget(),
+        usable_cpus=usable_cpus(ranks),
+        memory_budget=(opts.max_memory or default_budget()) // ranks,  # each rank's share: N run at once
         disk_free=disk_free(opts.workdir),
         max_workers=opts.max_workers,
         caches=opts.caches,
@@ -84,4 +86,20 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
     workload = Workload(dataset=spec.dataset, batch_size=spec.batch_size, epochs=spec.epochs,
                         collate_fn=spec.collate_fn, transform=spec.transform, train_step=spec.train_step,
                         fingerprint=probe.fingerprint)
-    return Setup(hw, probe, limits, space, plan, workload, probe.batch_bytes, shm_free(), trial_seconds)
+    if ranks > 1:
+        limits.notes.append(f"{ranks} ranks per node: each candidate runs as {ranks} processes at once, each on "
+                            f"its own shard; the figure is the slowest rank's; memory and /dev/shm are shared")
+    return Setup(hw, probe, limits, space, plan, workload, probe.batch_bytes, shm_free(), trial_seconds, ranks)
+
+
+def with_subset(setup: Setup, spec: UserSpec, opts: Any, count: int) -> Setup:
+    """``setup`` measuring ``count`` samples instead: a study shared by several searches keeps the subset the
+    first one chose (its size comes from a timing, which differs a little between nodes and runs)."""
+    probe = setup.probe
+    count = max(1, min(int(count), probe.length))
+    if count == len(setup.plan.indices):
+        return setup
+    indices = list(range(probe.length)) if count >= probe.length else probe_indices(probe.length, count, opts.seed)
+    sources = source_files(spec.dataset, indices, probe.length, opts.data_dir)
+    plan = replace(setup.plan, indices=indices, files=sources.files, cold_every_epoch=sources.cold_every_epoch)
+    return replace(setup, plan=plan)

@@ -14,7 +14,6 @@ import multiprocessing
 import os
 import pickle
 import shutil
-import tempfile
 import signal
 import sys
 import time
@@ -23,6 +22,7 @@ from typing import Any, Callable
 
 import psutil
 
+from autotune.tuner._lifecycle import trial_folder, watch_parent
 from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
 from autotune.machine._memory import format_bytes, tree_pss, tree_rss
 from autotune.recipe._process import PRELOAD_ALLOCATORS, launch_env
@@ -81,6 +81,9 @@ def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict
     global _TRIAL_PID
     _TRIAL_PID = os.getpid()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    _release_forkserver()
+    watch_parent(os.getppid())  # the search died without stopping us (SIGKILL): take the workers along
+    _own_resource_tracker()
     for folder in reversed(sys_path):
         if folder not in sys.path:
             sys.path.insert(0, folder)
@@ -106,17 +109,70 @@ def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict
         conn.close()
 
 
+def _release_forkserver() -> None:
+    """Close this trial's copy of the search's forkserver "alive" pipe.
+
+    The forkserver exits when every holder of that pipe is gone, and every process it forks inherits a
+    copy: kept open, a trial would keep the forkserver (its parent) alive after the search was killed, and
+    so never see its parent die. A trial whose DataLoader wants a forkserver starts its own.
+    """
+    try:
+        from multiprocessing import forkserver
+
+        server = forkserver._forkserver
+        if server._forkserver_alive_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+        server._forkserver_pid = None
+        server._forkserver_address = None
+    except Exception:  # noqa: BLE001 - another Python's internals: the watch thread still covers spawn
+        pass
+
+
+def _own_resource_tracker() -> None:
+    """Give this trial its own multiprocessing resource tracker instead of the search's.
+
+    The semaphores of a DataLoader's queues (spawn and forkserver workers) are registered with a tracker;
+    a trial killed before it unregisters them would leave them to the search's tracker, which warns
+    "leaked semaphore objects" when the search ends. The trial's own tracker outlives the trial
+    (``kill_tree`` spares it), removes what a killed trial left, notes it in the trial's log, and exits.
+    """
+    try:
+        from multiprocessing import resource_tracker
+
+        tracker = resource_tracker._resource_tracker
+        with tracker._lock:
+            if tracker._fd is not None:
+                os.close(tracker._fd)  # the search's tracker: inherited, not ours to hold
+            tracker._fd = None
+            tracker._pid = None
+        tracker.ensure_running()
+    except Exception:  # noqa: BLE001 - another Python's internals: keep the shared tracker
+        pass
+
+
+def _is_tracker(proc: psutil.Process) -> bool:
+    try:
+        return any("resource_tracker" in part for part in proc.cmdline())
+    except psutil.Error:
+        return False
+
+
 def kill_tree(pid: int, grace: float = 3.0) -> None:
     """Stop a trial process and every descendant (its DataLoader workers).
 
     SIGTERM first, so the trial unwinds and releases its workers' semaphores and shared memory; SIGKILL
-    for whatever is left after ``grace`` seconds (a hung worker, a process stuck in C code).
+    for whatever is left after ``grace`` seconds (a hung worker, a process stuck in C code). The trial's
+    resource tracker is spared: it exits by itself once the others are gone, after removing what they left.
     """
     try:
         root = psutil.Process(pid)
         procs = [*root.children(recursive=True), root]
     except psutil.NoSuchProcess:
         return
+    trackers = [p for p in procs if _is_tracker(p)]
+    procs = [p for p in procs if p not in trackers]
     try:
         root.terminate()
         root.wait(grace)
@@ -128,6 +184,7 @@ def kill_tree(pid: int, grace: float = 3.0) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(procs, timeout=10)
+    psutil.wait_procs(trackers, timeout=5)
 
 
 def _death_reason(exitcode: int | None) -> str:
@@ -138,12 +195,46 @@ def _death_reason(exitcode: int | None) -> str:
     return f"the trial process exited with status {exitcode} before reporting"
 
 
+@dataclasses.dataclass(eq=False)
+class _Rank:
+    proc: Any
+    receiver: Any
+    trial_dir: str | None
+    ready: bool = False
+    result: dict | None = None
+
+
+def shard(plan: Plan, rank: int, ranks: int) -> Plan:
+    """Rank ``rank``'s share of the plan, as ``DistributedSampler(drop_last=False)`` splits a dataset: every
+    ``ranks``-th index from ``rank`` on, the list padded by wrapping so every rank reads as many samples; the
+    whole run it predicts covers ``ceil(length / ranks)`` samples."""
+    if ranks <= 1:
+        return plan
+    per_rank = -(-len(plan.indices) // ranks)
+    padded = (list(plan.indices) * ranks)[: per_rank * ranks]  # wraps, like DistributedSampler's padding
+    return dataclasses.replace(plan, indices=padded[rank::ranks], length=-(-plan.length // ranks))
+
+
+def combine(results: list[dict]) -> dict:
+    """One figure for ranks that ran together: the slowest rank's run (the job waits for it), with the memory
+    of all ranks summed and every rank's total kept."""
+    if len(results) == 1:
+        return results[0]
+    slowest = dict(max(results, key=lambda r: r["prediction"]["total_seconds"]))
+    slowest["peak_memory_bytes"] = sum(r["peak_memory_bytes"] for r in results)
+    slowest["measured_samples"] = sum(r["measured_samples"] for r in results)
+    slowest["ranks"] = [r["prediction"]["total_seconds"] for r in results]
+    return slowest
+
+
 class Runner:
     """Starts trial processes for one workload."""
 
-    def __init__(self, workload: Workload, sys_path: list[str] | None = None, memory_limit: int | None = None):
+    def __init__(self, workload: Workload, sys_path: list[str] | None = None, memory_limit: int | None = None,
+                 ranks: int = 1):
         self.sys_path = list(sys_path or [])
-        self.memory_limit = memory_limit
+        self.memory_limit = memory_limit  # for all ranks of a trial together
+        self.ranks = max(1, int(ranks))
         try:
             self.blob: bytes | None = pickle.dumps(workload)
             self.ctx = multiprocessing.get_context("forkserver")
@@ -166,81 +257,110 @@ class Runner:
     def run(self, config: LoaderConfig, plan: Plan, *, timeout: float,
             should_prune: Callable[[int, float], bool] | None = None, give_up_after: float | None = None,
             log_path: str | None = None) -> dict:
-        """Measure ``config`` in a fresh process; raise TrialFailed or TrialPruned when it does not finish.
+        """Measure ``config`` in fresh processes; raise TrialFailed or TrialPruned when it does not finish.
 
-        ``give_up_after``: seconds after which the trial is pruned, whatever it reported (a cache build
-        that alone takes longer than the best candidate's whole subset run). ``log_path``: where the
-        trial's and its workers' output goes, instead of the user's terminal.
+        With ``ranks`` > 1 that many trial processes run at once on the same cores, each reading its own shard
+        of the subset (``shard``), as the ranks of one torchrun job do; the figure is the slowest rank's whole
+        run, and memory is the sum over all ranks. ``give_up_after``: seconds after which the trial is pruned,
+        whatever it reported (a cache build that alone takes longer than the best candidate's whole subset
+        run). ``log_path``: where the trial's and its workers' output goes, instead of the user's terminal.
         """
         ctx, env = self._context_for(config)
-        trial_dir = None
-        if plan.cache_root:
-            os.makedirs(plan.cache_root, exist_ok=True)
-            trial_dir = tempfile.mkdtemp(prefix="trial-", dir=plan.cache_root)
-            plan = dataclasses.replace(plan, cache_root=trial_dir)
-        receiver, sender = ctx.Pipe(duplex=True)
-        proc = ctx.Process(
-            target=_trial_main,
-            args=(sender, self.blob, self.sys_path, config.to_json(), plan, self.fork_fallback, log_path),
-            name="autotune-trial",
-        )
-        with _environment(env):
-            proc.start()
-        sender.close()
+        ranks: list[_Rank] = []
+        try:
+            for r in range(self.ranks):
+                rank_plan = shard(plan, r, self.ranks)
+                trial_dir = None
+                if plan.cache_root:
+                    trial_dir = trial_folder(plan.cache_root)
+                    rank_plan = dataclasses.replace(rank_plan, cache_root=trial_dir)
+                rank_log = log_path if r == 0 or log_path is None else f"{os.path.splitext(log_path)[0]}.rank{r}.log"
+                receiver, sender = ctx.Pipe(duplex=True)
+                proc = ctx.Process(
+                    target=_trial_main,
+                    args=(sender, self.blob, self.sys_path, config.to_json(), rank_plan, self.fork_fallback, rank_log),
+                    name=f"autotune-trial-{r}",
+                )
+                ranks.append(_Rank(proc, receiver, trial_dir))
+                with _environment(env):
+                    proc.start()
+                sender.close()
+            if give_up_after is not None and env is not None:
+                give_up_after += 5.0  # a spawned interpreter's start-up is not part of the measured figure
+            return self._watch(ranks, timeout, should_prune, give_up_after)
+        finally:
+            for rank in ranks:
+                rank.receiver.close()
+                if rank.proc.is_alive():
+                    kill_tree(rank.proc.pid)
+                rank.proc.join(10)
+                if rank.trial_dir:
+                    shutil.rmtree(rank.trial_dir, ignore_errors=True)
+
+    def _watch(self, ranks: list["_Rank"], timeout: float, should_prune: Callable[[int, float], bool] | None,
+               give_up_after: float | None) -> dict:
+        from multiprocessing.connection import wait
+
         started = time.monotonic()
         deadline = started + timeout
-        if give_up_after is not None and env is not None:
-            give_up_after += 5.0  # a spawned interpreter's start-up is not part of the measured figure
         next_memory_check = 0.0
-        try:
-            while True:
-                if receiver.poll(0.2):
-                    try:
-                        message = receiver.recv()
-                    except EOFError:
-                        proc.join(5)
-                        raise TrialFailed(_death_reason(proc.exitcode)) from None
-                    kind = message[0]
-                    if kind == "ready":
-                        started = time.monotonic()
-                        continue
-                    if kind == "result":
-                        proc.join(10)  # let it shut its workers down cleanly
-                        return message[1]
-                    if kind == "error":
-                        raise TrialFailed(message[1])
-                    if kind == "progress" and should_prune is not None and should_prune(message[1], message[2]):
-                        receiver.send("stop")  # the trial unwinds at its next batch; killed if it does not
-                        proc.join(5)
-                        raise TrialPruned(f"pruned at step {message[1]}: predicted {message[2]:.2f} s")
-                    continue
-                now = time.monotonic()
-                if give_up_after is not None and now - started > give_up_after:
-                    receiver.send("stop")
-                    raise TrialPruned(f"pruned: still running after {now - started:.1f} s, more than the best "
-                                      "candidate needs for its whole run on this subset")
-                if now > deadline:
-                    raise TrialFailed(f"timed out after {timeout:.0f} s (a hung worker or a very slow candidate)")
-                if self.memory_limit and now >= next_memory_check:
-                    next_memory_check = now + 1.0
-                    # RSS is cheap but counts pages shared with forked workers once per worker; only
-                    # when it is over the limit is the costlier PSS read to confirm.
-                    used = tree_rss(proc.pid)
-                    if used > self.memory_limit:
-                        used = tree_pss(proc.pid)
-                    if used > self.memory_limit:
-                        raise TrialFailed(
-                            f"used {format_bytes(used)}, over the memory budget of {format_bytes(self.memory_limit)}"
-                        )
-                if not proc.is_alive() and not receiver.poll(0):
-                    raise TrialFailed(_death_reason(proc.exitcode))
-        finally:
-            receiver.close()
-            if proc.is_alive():
-                kill_tree(proc.pid)
-            proc.join(10)
-            if trial_dir:
-                shutil.rmtree(trial_dir, ignore_errors=True)
+        progress: dict[int, dict[int, float]] = {}  # step -> rank -> predicted total so far
+        while True:
+            pending = [r for r in ranks if r.result is None]
+            for conn in wait([r.receiver for r in pending], timeout=0.2):
+                rank = next(r for r in pending if r.receiver is conn)
+                try:
+                    message = rank.receiver.recv()
+                except EOFError:
+                    rank.proc.join(5)
+                    raise TrialFailed(_death_reason(rank.proc.exitcode)) from None
+                kind = message[0]
+                if kind == "ready":
+                    rank.ready = True
+                    if all(r.ready for r in ranks):
+                        started = time.monotonic()  # the give-up clock starts once every rank is ready
+                elif kind == "result":
+                    rank.result = message[1]
+                elif kind == "error":
+                    raise TrialFailed(message[1])
+                elif kind == "progress" and should_prune is not None:
+                    step, value = message[1], message[2]
+                    seen = progress.setdefault(step, {})
+                    seen[ranks.index(rank)] = value
+                    if len(seen) == len(ranks) and should_prune(step, max(seen.values())):
+                        for r in ranks:
+                            with contextlib.suppress(OSError):
+                                r.receiver.send("stop")  # each unwinds at its next batch; killed if it does not
+                        for r in ranks:
+                            r.proc.join(5)
+                        raise TrialPruned(f"pruned at step {step}: predicted {max(seen.values()):.2f} s")
+            if all(r.result is not None for r in ranks):
+                for r in ranks:
+                    r.proc.join(10)  # let it shut its workers down cleanly
+                return combine([r.result for r in ranks])
+            now = time.monotonic()
+            if give_up_after is not None and now - started > give_up_after:
+                for r in ranks:
+                    with contextlib.suppress(OSError):
+                        r.receiver.send("stop")
+                raise TrialPruned(f"pruned: still running after {now - started:.1f} s, more than the best "
+                                  "candidate needs for its whole run on this subset")
+            if now > deadline:
+                raise TrialFailed(f"timed out after {timeout:.0f} s (a hung worker or a very slow candidate)")
+            if self.memory_limit and now >= next_memory_check:
+                next_memory_check = now + 1.0
+                # RSS is cheap but counts pages shared with forked workers once per worker; only
+                # when it is over the limit is the costlier PSS read to confirm.
+                used = sum(tree_rss(r.proc.pid) for r in ranks)
+                if used > self.memory_limit:
+                    used = sum(tree_pss(r.proc.pid) for r in ranks)
+                if used > self.memory_limit:
+                    together = f" ({len(ranks)} ranks together)" if len(ranks) > 1 else ""
+                    raise TrialFailed(f"used {format_bytes(used)}{together}, over the memory budget of "
+                                      f"{format_bytes(self.memory_limit)}")
+            for r in ranks:
+                if r.result is None and not r.proc.is_alive() and not r.receiver.poll(0):
+                    raise TrialFailed(_death_reason(r.proc.exitcode))
 
     def _context_for(self, config: LoaderConfig) -> tuple[Any, dict[str, str] | None]:
         """The start method for this candidate, and the environment it must start with.

@@ -3,8 +3,11 @@ finalists interleaved and check the winner against the plain default (docs/archi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import socket
 import statistics
 import sys
 import time
@@ -16,9 +19,11 @@ from typing import Any
 import optuna
 
 from autotune.errors import AutotuneError
+from autotune.tuner import _storage
+from autotune.tuner._lifecycle import remove_leftovers, stop_on_signals
 from autotune.tuner._measure import Plan
 from autotune.machine._memory import format_bytes
-from autotune.tuner._preparation import Setup, prepare
+from autotune.tuner._preparation import Setup, prepare, with_subset
 from autotune.dataset._probe import Probe
 from autotune.tuner._runner import Runner, TrialFailed, TrialPruned
 from autotune.machine._shm import shm_rule
@@ -48,6 +53,7 @@ class SearchOptions:
     trial_timeout: float | None = None  # a trial still running after this is killed; derived by default
     data_dir: str | None = None  # the files to evict for cold reads, when dataset[i] does not reveal them
     sampler: Any = None  # an Optuna sampler instead of the seeded TPE (the benchmarks compare RandomSampler)
+    resume_only: bool = False  # no new trials: the recipe from what the (shared) study already measured
 
 
 @dataclass
@@ -89,17 +95,17 @@ class HopelessPruner(optuna.pruners.BasePruner):
         return bool(done) and trial.intermediate_values[step] > self.factors.get(step, 1.5) * min(done)
 
 
-def _study_name(probe: Probe, hw: dict, spec: UserSpec, space: Space, plan: Plan) -> str:
-    shape = json.dumps([repr(space), len(plan.indices)], sort_keys=True)
-    digest = hashlib.sha256(shape.encode()).hexdigest()[:8]
+def _study_name(probe: Probe, hw: dict, spec: UserSpec, space: Space) -> str:
+    """Searches on the same dataset (fingerprint), hardware (fingerprint, ranks per node included), batch
+    size, epochs and space share one study; the measured subset is the study's (``subset`` attribute)."""
+    digest = hashlib.sha256(json.dumps([repr(space)]).encode()).hexdigest()[:8]
     return f"autotune-{probe.fingerprint}-{hw['fingerprint']}-b{spec.batch_size}-e{spec.epochs}-{digest}"
 
 
 def _storage_url(opts: SearchOptions) -> str:
-    if opts.storage:
-        return opts.storage
-    opts.workdir.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{(opts.workdir / 'studies.db').resolve()}"
+    if not opts.storage:
+        opts.workdir.mkdir(parents=True, exist_ok=True)
+    return _storage.storage_url(opts.storage, opts.workdir)
 
 
 def _key(config: LoaderConfig) -> str:
@@ -135,13 +141,27 @@ class _Progress:
 
 def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None, runner: Any = None) -> Outcome:
     """Tune ``spec``. ``setup`` and ``runner`` default to the real preparation and trial processes;
-    the search-core tests pass their own, to run the loop in memory."""
+    the search-core tests pass their own, to run the loop in memory.
+
+    SIGTERM and SIGHUP stop it like Ctrl-C: the running trial's process tree is stopped and its folder
+    removed, then ``Stopped`` (or KeyboardInterrupt) is raised."""
+    with stop_on_signals():
+        return _search(spec, opts, setup, runner)
+
+
+def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: Any) -> Outcome:
     started = time.monotonic()
     deadline = started + opts.budget
+    storage = _storage.open_storage(_storage_url(opts))  # a bad URL fails before any time is spent
     setup = setup or prepare(spec, opts)
     hw, probe, limits, space, plan = setup.hardware, setup.probe, setup.limits, setup.space, setup.plan
     trial_seconds = setup.trial_seconds
-    runner = runner or Runner(setup.workload, spec.sys_path, memory_limit=limits.memory_budget)
+    runner = runner or Runner(setup.workload, spec.sys_path, memory_limit=limits.memory_budget * setup.ranks,
+                              ranks=setup.ranks)
+    if plan.cache_root:
+        removed = remove_leftovers(plan.cache_root)
+        if removed:
+            limits.notes.append(f"removed {len(removed)} trial folder(s) left by a search that was killed")
     shm_limited: list[str] = []
     log_dir = Path(opts.workdir) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -149,16 +169,24 @@ def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None, r
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study = optuna.create_study(
-        study_name=_study_name(probe, hw, spec, space, plan),
-        storage=_storage_url(opts),
+        study_name=_study_name(probe, hw, spec, space),
+        storage=storage,
         load_if_exists=True,
         direction="minimize",
         sampler=opts.sampler or optuna.samplers.TPESampler(seed=opts.seed, multivariate=True, group=True,
                                                            n_startup_trials=6, constant_liar=True),
         pruner=HopelessPruner(),
     )
-    _fail_interrupted(study)
+    _storage.fail_stale(study)  # only dead searches' trials: another live search keeps its own
+    subset = study.user_attrs.get("subset")
+    if subset is None:
+        study.set_user_attr("subset", len(plan.indices))
+    elif subset != len(plan.indices):
+        setup = with_subset(setup, spec, opts, subset)
+        plan = setup.plan
     default = space.default()
+    if opts.resume_only:
+        return _from_study(study, space, plan, probe, hw, limits, opts, started)
     seen = {t.user_attrs.get("config_key")
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
     if _key(default) not in seen:
@@ -169,68 +197,20 @@ def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None, r
 
     progress = _Progress(opts.progress, opts.budget)
     durations: list[float] = []
-    repeats = 0
-    asked = 0  # trials asked by this search (a resumed study holds earlier ones too)
-    timeout = plan.batch_timeout
+    counters = {"repeats": 0, "asked": 0}  # asked: by this search (a resumed study holds earlier ones)
     try:
         while True:
             elapsed = time.monotonic() - started
             typical = statistics.median(durations) if durations else trial_seconds * 2
-            if elapsed + typical > opts.budget * SEARCH_SHARE or repeats >= 20:
+            if elapsed + typical > opts.budget * SEARCH_SHARE or counters["repeats"] >= 20:
                 break
-            if opts.max_trials is not None and asked >= opts.max_trials:
+            if opts.max_trials is not None and counters["asked"] >= opts.max_trials:
                 break
-            trial = study.ask()
-            asked += 1
-            config = space.suggest(trial)
-            key = _key(config)
-            trial.set_user_attr("config", config.to_json())
-            trial.set_user_attr("config_key", key)
-            earlier = _completed_value(study, key, trial.number)
-            if earlier is not None:
-                repeats += 1  # a point already measured: tell its figure, spend no time
-                trial.set_user_attr("repeat", True)
-                study.tell(trial, earlier)
-                continue
-            repeats = 0
-            reason = shm_rule(config.num_workers, config.prefetch_factor, setup.batch_bytes, setup.shm_free)
-            if reason is not None:
-                shm_limited.append(config.describe())
-                trial.set_user_attr("reason", reason)
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                continue
-            t0 = time.monotonic()
-
-            def should_prune(step: int, value: float, trial: optuna.Trial = trial) -> bool:
-                trial.report(value, step)
-                return trial.should_prune()
-
-            remaining = max(5.0, deadline - time.monotonic())
-            best = _best_value(study)
-            # Everything a trial does scales with the subset, so a trial still running after the best
-            # whole-run figure scaled down to the subset (with a margin) cannot win.
-            give_up = None if best is None else 1.5 * best * len(plan.indices) / plan.length + 2.0
-            log_path = str(log_dir / f"trial-{trial.number}.log")
-            trial.set_user_attr("log", log_path)
-            try:
-                result = runner.run(config, plan, timeout=min(timeout, remaining), should_prune=should_prune,
-                                    give_up_after=give_up, log_path=log_path)
-            except TrialPruned as exc:
-                trial.set_user_attr("reason", str(exc))
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            except TrialFailed as exc:
-                trial.set_user_attr("reason", str(exc))
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            except Exception as exc:  # noqa: BLE001 - a broken trial never stops the search
-                trial.set_user_attr("reason", f"{type(exc).__name__}: {exc}")
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            except BaseException:
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                raise
-            else:
-                _record(trial, result)
-                study.tell(trial, result["prediction"]["total_seconds"])
-            durations.append(time.monotonic() - t0)
+            trial = _storage.ask(study)
+            counters["asked"] += 1
+            with _storage.heartbeat(study, trial):
+                _run_trial(study, trial, space, setup, runner, deadline, log_dir, shm_limited, durations,
+                           counters)
             progress.update(_status(study))
         if shm_limited:
             limits.notes.append(
@@ -241,6 +221,72 @@ def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None, r
         return _finish(study, space, runner, plan, probe, hw, limits, opts, started, progress, spec)
     finally:
         progress.close()
+
+
+def _run_trial(study: optuna.Study, trial: optuna.Trial, space: Space, setup: Setup, runner: Any,
+               deadline: float, log_dir: Path, shm_limited: list[str], durations: list[float],
+               counters: dict[str, int]) -> None:
+    """Suggest, measure and tell one trial. Every write to the trial is guarded: another search may have
+    failed it meanwhile (it looked dead), which only ends this trial, not the search."""
+    plan = setup.plan
+    config = space.suggest(trial)
+    key = _key(config)
+    _storage.set_attr(trial, "config", config.to_json())
+    _storage.set_attr(trial, "config_key", key)
+    _storage.set_attr(trial, "search", _search_id())  # which search ran it, in a shared study
+    if _measured_elsewhere_now(study, key, trial.number):
+        # Another search sharing the study measures this point right now: its figure will do.
+        _storage.set_attr(trial, "repeat", True)
+        _storage.set_attr(trial, "reason", "measured at the same time by another search sharing the study")
+        _storage.tell(study, trial, state=optuna.trial.TrialState.PRUNED)
+        return
+    earlier = _completed_value(study, key, trial.number)
+    if earlier is not None:
+        counters["repeats"] += 1  # a point already measured: tell its figure, spend no time
+        _storage.set_attr(trial, "repeat", True)
+        _storage.tell(study, trial, earlier)
+        return
+    counters["repeats"] = 0
+    free = None if setup.shm_free is None else setup.shm_free // setup.ranks  # every rank's workers share it
+    reason = shm_rule(config.num_workers, config.prefetch_factor, setup.batch_bytes, free)
+    if reason is not None:
+        shm_limited.append(config.describe())
+        _storage.set_attr(trial, "reason", reason)
+        _storage.tell(study, trial, state=optuna.trial.TrialState.FAIL)
+        return
+    t0 = time.monotonic()
+
+    def should_prune(step: int, value: float, trial: optuna.Trial = trial) -> bool:
+        return _storage.report(trial, value, step)
+
+    remaining = max(5.0, deadline - time.monotonic())
+    best = _best_value(study)
+    # Everything a trial does scales with the subset, so a trial still running after the best
+    # whole-run figure scaled down to the subset (with a margin) cannot win.
+    give_up = None if best is None else 1.5 * best * len(plan.indices) / plan.length + 2.0
+    log_path = str(log_dir / f"trial-{trial.number}.log")
+    _storage.set_attr(trial, "log", log_path)
+    try:
+        result = runner.run(config, plan, timeout=min(plan.batch_timeout, remaining), should_prune=should_prune,
+                            give_up_after=give_up, log_path=log_path)
+    except TrialPruned as exc:
+        _storage.set_attr(trial, "reason", str(exc))
+        _storage.tell(study, trial, state=optuna.trial.TrialState.PRUNED)
+    except TrialFailed as exc:
+        _storage.set_attr(trial, "reason", str(exc))
+        _storage.tell(study, trial, state=optuna.trial.TrialState.FAIL)
+    except Exception as exc:  # noqa: BLE001 - a broken trial never stops the search
+        _storage.set_attr(trial, "reason", f"{type(exc).__name__}: {exc}")
+        _storage.tell(study, trial, state=optuna.trial.TrialState.FAIL)
+    except BaseException:
+        with contextlib.suppress(Exception):  # stopping: the storage may be the reason
+            _storage.set_attr(trial, "reason", "interrupted (the search was stopped)")
+            _storage.tell(study, trial, state=optuna.trial.TrialState.FAIL)
+        raise
+    else:
+        _record(trial, result)
+        _storage.tell(study, trial, result["prediction"]["total_seconds"])
+    durations.append(time.monotonic() - t0)
 
 
 def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
@@ -259,18 +305,18 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
     return priors
 
 
-def _fail_interrupted(study: optuna.Study) -> None:
-    """Trials left RUNNING by an earlier search that was killed are marked failed, so resuming is clean."""
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        study._storage.set_trial_user_attr(t._trial_id, "reason", "interrupted (an earlier search stopped)")
-        study._storage.set_trial_state_values(t._trial_id, optuna.trial.TrialState.FAIL)
-
-
 def _record(trial: optuna.Trial, result: dict) -> None:
-    trial.set_user_attr("prediction", result["prediction"])
-    trial.set_user_attr("epochs", result["epochs"])
-    trial.set_user_attr("peak_memory_bytes", result["peak_memory_bytes"])
-    trial.set_user_attr("measured_samples", result["measured_samples"])
+    for key in ("prediction", "epochs", "peak_memory_bytes", "measured_samples"):
+        _storage.set_attr(trial, key, result[key])
+
+
+def _search_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _measured_elsewhere_now(study: optuna.Study, key: str, number: int) -> bool:
+    return any(t.number < number and t.user_attrs.get("config_key") == key and not t.user_attrs.get("repeat")
+               for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
 
 
 def _completed_value(study: optuna.Study, key: str, number: int) -> float | None:
@@ -326,16 +372,73 @@ def _finish(study, space, runner, plan, probe, hw, limits, opts, started, progre
             except TrialFailed as exc:  # a finalist that fails now (timeout, memory) is out, not fatal
                 failed_finalists[config] = str(exc)
             progress.update(f"finalists round {r + 1}/{rounds}")
-    medians = {c: _median_result(v) for c, v in figures.items() if v and c not in failed_finalists}
+    runs = _pool_runs(study, figures, failed_finalists)
+    return _outcome(study, runs, failed_finalists, default, plan, probe, hw, limits, opts, started,
+                    "interleaved re-measurement")
+
+
+_RUNS_PREFIX = "finalist-runs:"  # a study attribute per search: its finalists' re-measurements
+
+
+def _slim(result: dict) -> dict:
+    return {k: result[k] for k in ("prediction", "epochs", "peak_memory_bytes", "measured_samples") if k in result}
+
+
+def _pool_runs(study: optuna.Study, figures: dict[LoaderConfig, list[dict]],
+               failed: dict[LoaderConfig, str]) -> dict[LoaderConfig, list[dict]]:
+    """Store this search's finalist runs in the study and return every search's, pooled by configuration
+    (minus the ones that failed here): searches sharing a study decide on the same evidence, and a recipe
+    can be written later from the study alone (``resume_only``)."""
+    own = {_key(c): [_slim(r) for r in v] for c, v in figures.items() if v and c not in failed}
+    if own:
+        with contextlib.suppress(Exception):  # sharing is a bonus; this search's own runs still decide
+            study.set_user_attr(f"{_RUNS_PREFIX}{_search_id()}:{time.time():.0f}", own)
+    return {c: v for c, v in _pooled_runs(study, extra=own).items() if c not in failed}
+
+
+def _pooled_runs(study: optuna.Study, extra: dict[str, list[dict]] | None = None) -> dict[LoaderConfig, list[dict]]:
+    pooled: dict[str, list[dict]] = {}
+    sources = [v for k, v in study.user_attrs.items() if k.startswith(_RUNS_PREFIX)]
+    if extra and not any(v == extra for v in sources):
+        sources.append(extra)
+    for source in sources:
+        for key, results in source.items():
+            pooled.setdefault(key, []).extend(results)
+    return {LoaderConfig.from_json(json.loads(k)): v for k, v in pooled.items()}
+
+
+def _from_study(study, space, plan, probe, hw, limits, opts, started) -> Outcome:
+    """The recipe from what the study holds, without measuring anything: every search's finalist runs, and
+    the trials' own figures for configurations no search re-measured (``--resume-only``)."""
+    default = space.default()
+    runs = _pooled_runs(study)
+    from_trials: dict[LoaderConfig, list[dict]] = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if not t.user_attrs.get("repeat") and "prediction" in t.user_attrs:
+            from_trials.setdefault(LoaderConfig.from_json(t.user_attrs["config"]), []).append(_slim(t.user_attrs))
+    for config, results in from_trials.items():
+        runs.setdefault(config, results)
+    if not runs:
+        raise AutotuneError(
+            f"The study {study.study_name} holds no measured trial yet; run `autotune search` without "
+            "--resume-only first (on any node sharing this --storage)."
+        )
+    return _outcome(study, runs, {}, default, plan, probe, hw, limits, opts, started, "the shared study's figures")
+
+
+def _outcome(study, runs: dict[LoaderConfig, list[dict]], failed_finalists: dict[LoaderConfig, str],
+             default: LoaderConfig, plan, probe, hw, limits, opts, started, how: str) -> Outcome:
+    """The winner among the measured configurations (lowest median whole run, the default on a tie)."""
+    medians = {c: _median_result(v) for c, v in runs.items() if v}
     if default not in medians:
         reason = failed_finalists.get(default, "it was not measured")
         raise AutotuneError(
             f"Even the plain default (num_workers=0, no cache) could not be measured: {reason}. "
             "Fix that first (a larger --max-memory, a dataset that loads in the main process)."
         )
-    winner = min(medians, key=lambda c: medians[c]["prediction"]["total_seconds"])
+    winner = min(medians, key=lambda c: (medians[c]["prediction"]["total_seconds"], c != default, _key(c)))
     is_default = winner == default
-    note = "fastest candidate in interleaved re-measurement" if not is_default else ""
+    note = f"fastest candidate in {how}" if not is_default else ""
     if is_default and len(medians) > 1:
         note = "no candidate beat the plain default in the interleaved A/B check; the recipe is the default"
     elif is_default:
@@ -357,8 +460,8 @@ def _finish(study, space, runner, plan, probe, hw, limits, opts, started, progre
         hardware=hw,
         notes=list(limits.notes),
         finalists=[
-            {"config": c.to_json(), "total_seconds": [f["prediction"]["total_seconds"] for f in figures[c]]}
-            for c in configs
+            {"config": c.to_json(), "total_seconds": [f["prediction"]["total_seconds"] for f in runs[c]]}
+            for c in sorted(runs, key=lambda c: medians[c]["prediction"]["total_seconds"])[:max(opts.finalists, 1) + 1]
         ],
         study={"name": study.study_name, "storage": _storage_url(opts)},
     )

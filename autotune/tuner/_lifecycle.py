@@ -1,0 +1,166 @@
+"""How a search and its trials live and die: signals stop the search cleanly, a trial dies with its parent,
+and the folders of a search that was killed anyway are found and removed later.
+
+- ``stop_on_signals``: SIGTERM and SIGHUP (a scheduler's pre-emption, a closed terminal) raise ``Stopped``
+  in the search, so the ``finally`` blocks that stop a trial's process tree and remove its folder run, as
+  they do for Ctrl-C (KeyboardInterrupt). The command line exits 128 + the signal's number.
+- ``watch_parent``: inside a trial process, a thread that kills the trial's whole tree the moment its
+  parent is gone (the search was killed with SIGKILL), even when the trial's main thread is stuck in a read.
+- ``trial_folder`` / ``leftover_trials`` / ``remove_leftovers``: each trial's cache folder is named after
+  the host and process id of the search that made it, so a later search (and ``autotune cache clear``)
+  can tell a dead search's leftovers from a live one's folders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+from pathlib import Path
+from typing import Iterator
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1
+
+
+class Stopped(BaseException):
+    """The search received a stop signal; unwinds like KeyboardInterrupt (not caught as an error)."""
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        self.exit_code = 128 + self.signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise ``Stopped`` in the main thread; a second signal (or Ctrl-C)
+    during the clean-up is ignored so the clean-up finishes. Does nothing outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (*STOP_SIGNALS, signal.SIGINT)}
+
+    def handler(signum: int, frame: object) -> None:
+        for s in previous:
+            signal.signal(s, signal.SIG_IGN)  # unwinding must not be interrupted again
+        raise Stopped(signum)
+
+    def interrupt(signum: int, frame: object) -> None:
+        for s in previous:
+            signal.signal(s, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, handler)
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Ask Linux to send ``sig`` to this process when its parent exits (prctl PR_SET_PDEATHSIG); False where
+    the call does not exist. Cleared across fork, so each process that wants it must ask itself."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def watch_parent(parent: int, interval: float = 0.25) -> threading.Thread:
+    """A daemon thread that, once ``parent`` is no longer this process's parent, kills every descendant of
+    this process and then this process. Works while the main thread is blocked in a read (the thread needs
+    only the GIL, which a blocking read releases)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            threading.Event().wait(interval)
+        kill_descendants()
+        os._exit(143)
+
+    thread = threading.Thread(target=watch, name="autotune-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process below this one (DataLoader workers, a resource tracker)."""
+    try:
+        import psutil
+
+        children = psutil.Process().children(recursive=True)
+    except Exception:  # noqa: BLE001 - psutil missing or the tree changing under us: nothing to do
+        return
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.kill()
+
+
+# ---------------------------------------------------------------------------- trial folders
+
+_PREFIX = "trial-"
+
+
+def _host() -> str:
+    name = socket.gethostname() or "host"
+    return "".join(c if c.isalnum() or c in "._" else "_" for c in name)[:64]
+
+
+def trial_folder(root: str | os.PathLike) -> str:
+    """A new, empty folder for one trial under ``root``: ``trial-HOST-PID-RANDOM``."""
+    os.makedirs(root, exist_ok=True)
+    return tempfile.mkdtemp(prefix=f"{_PREFIX}{_host()}-{os.getpid()}-", dir=root)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def is_leftover(path: Path) -> bool:
+    """A trial folder whose search is gone: made on this host by a process that no longer exists, or by an
+    older autotune that did not name its folders (``trial-RANDOM``). Another host's folders are left alone."""
+    parts = path.name[len(_PREFIX):].rsplit("-", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return True
+    host, pid = parts[0], int(parts[1])
+    return host == _host() and not _alive(pid)
+
+
+def leftover_trials(root: str | os.PathLike) -> list[Path]:
+    """The trial folders under ``root`` left by searches that were killed (see ``_is_leftover``)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and is_leftover(p))
+
+
+def folder_bytes(path: Path) -> int:
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total
+
+
+def remove_leftovers(root: str | os.PathLike) -> list[Path]:
+    """Remove the leftover trial folders under ``root``; the ones removed."""
+    removed = leftover_trials(root)
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed

@@ -1,0 +1,176 @@
+"""A search's life and death, with real processes: SIGTERM, SIGHUP and SIGKILL mid-trial, a read that hangs
+in the trial's main process (num_workers=0), leftovers of a killed search, and no leaked semaphores."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autotune.cli._main import main
+from autotune.tuner._lifecycle import leftover_trials, remove_leftovers, trial_folder
+
+pytestmark = pytest.mark.timeout(240)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Reads fine in the search's own process (the probe), hangs in a trial process: the trial is always
+# mid-read when the signal comes. BLOCK=1 also blocks SIGTERM, as native code that never returns would.
+HANGING = """
+import multiprocessing, os, signal, time
+import torch
+from torch.utils.data import Dataset
+
+class HangsInTrials(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        if multiprocessing.parent_process() is not None:
+            if os.environ.get("BLOCK") == "1":
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            time.sleep(3600)
+        return torch.full((4,), float(i)), i
+
+dataset = HangsInTrials()
+batch_size = 8
+epochs = 1
+"""
+
+
+def _start(tmp_path: Path, block: bool = False) -> subprocess.Popen:
+    (tmp_path / "hangs.py").write_text(textwrap.dedent(HANGING))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "BLOCK": "1" if block else "0"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotune", "search", "hangs.py", "--budget", "5m", "--caches", "none",
+         "--no-progress", "--workdir", "w"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+
+
+def _wait_for_trial(proc: subprocess.Popen, tmp_path: Path) -> list[psutil.Process]:
+    """Wait until the first trial is reading (its log exists and its process runs); the whole tree."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        trials = [p for p in tree if _is_trial(p)]
+        if (tmp_path / "w" / "logs" / "trial-0.log").exists() and trials:
+            time.sleep(1.0)  # into the read
+            return [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        time.sleep(0.2)
+    raise AssertionError("no trial started")
+
+
+def _is_trial(p: psutil.Process) -> bool:
+    """A forked trial shows its parent's command line; it is the forkserver's child."""
+    try:
+        parent = p.parent()
+        return parent is not None and any("forkserver" in part for part in parent.cmdline())
+    except psutil.Error:
+        return False
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("sig, block", [(signal.SIGTERM, False), (signal.SIGHUP, True), (signal.SIGINT, False)])
+def test_a_signal_mid_trial_stops_the_whole_tree_and_removes_its_folder(tmp_path, sig, block):
+    proc = _start(tmp_path, block=block)
+    try:
+        tree = _wait_for_trial(proc, tmp_path)
+        assert len(tree) >= 3  # the search, the forkserver, the trial (and trackers)
+        assert list((tmp_path / "w" / "cache" / "trials").glob("trial-*"))
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + sig, err
+        said = "interrupted" if sig == signal.SIGINT else f"stopped by {signal.Signals(sig).name}"
+        assert f"autotune: {said}" in err
+        time.sleep(5)
+        assert _alive(tree) == []
+        assert list((tmp_path / "w" / "cache" / "trials").glob("trial-*")) == []
+        assert "leaked" not in err and "Traceback" not in err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_killed_search_takes_its_hung_trial_along_and_leaves_a_folder_that_clear_removes(tmp_path, capsys):
+    proc = _start(tmp_path, block=True)
+    try:
+        tree = _wait_for_trial(proc, tmp_path)
+        proc.kill()  # no clean-up possible in the search itself
+        proc.communicate(timeout=30)
+        time.sleep(5)
+        assert _alive(tree) == []  # the trial's watch thread killed it while it was stuck in a read
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    trials = tmp_path / "w" / "cache" / "trials"
+    assert len(leftover_trials(trials)) == 1
+    assert main(["cache", "list", "--dir", str(tmp_path / "w" / "cache")]) == 0
+    assert "1 trial folder(s) left by a search that was killed" in capsys.readouterr().out
+    assert main(["cache", "clear", "--dir", str(tmp_path / "w" / "cache")]) == 0
+    assert "1 trial folder(s)" in capsys.readouterr().out
+    assert list(trials.iterdir()) == []
+
+
+def test_leftovers_are_only_dead_searches_folders(tmp_path):
+    mine = Path(trial_folder(tmp_path))  # this process is alive: not a leftover
+    old = tmp_path / "trial-abc123"  # an older autotune's unnamed folder
+    old.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = tmp_path / mine.name.replace(f"-{os.getpid()}-", f"-{int(dead.stdout)}-")
+    gone.mkdir()
+    other_host = tmp_path / "trial-elsewhere-1-abcdefgh"
+    other_host.mkdir()
+    assert leftover_trials(tmp_path) == sorted([old, gone])
+    assert remove_leftovers(tmp_path) == sorted([old, gone])
+    assert sorted(tmp_path.iterdir()) == sorted([mine, other_host])
+
+
+KILLED_WORKERS = """
+import sys
+from workloads import HangsInWorkers
+from autotune.config import LoaderConfig
+from autotune.tuner._measure import Plan, Workload
+from autotune.tuner._runner import Runner, TrialFailed
+
+if __name__ == "__main__":
+    runner = Runner(Workload(dataset=HangsInWorkers(64), batch_size=8, epochs=1), [sys.argv[1]])
+    plan = Plan(indices=list(range(64)), length=64, batch_timeout=30)
+    try:
+        runner.run(LoaderConfig(num_workers=2, multiprocessing_context="spawn", prefetch_factor=2), plan,
+                   timeout=4, log_path=sys.argv[2])
+    except TrialFailed as exc:
+        print(exc)
+"""
+
+
+def test_a_trial_killed_with_spawned_workers_leaks_no_semaphore(tmp_path):
+    """Spawned workers' queues register semaphores; a trial killed mid-run used to leave them to the search's
+    resource tracker, whose warning was the last line of `make demo`. The trial's own tracker removes them."""
+    script = tmp_path / "killed.py"
+    script.write_text(textwrap.dedent(KILLED_WORKERS))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    log = tmp_path / "trial.log"
+    done = subprocess.run([sys.executable, str(script), str(ROOT / "tests"), str(log)], env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "timed out after 4 s" in done.stdout
+    assert "leaked semaphore" not in done.stderr
