@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from torch.utils.data import DataLoader
 
@@ -13,9 +13,11 @@ from autotune._duration import parse_duration
 from autotune.errors import AutotuneError
 from autotune.recipe._factory import _UNSET, build_loader
 from autotune.recipe._file import Profile, RecipeFile, choose_profile
-from autotune.tuner._study import Outcome, SearchOptions, search as run_search
 from autotune.config import LoaderConfig
 from autotune.dataset._userfile import UserSpec, check_map_style, load_user_file
+
+if TYPE_CHECKING:
+    from autotune.tuner._study import Outcome, SearchOptions
 
 DEFAULT_RECIPE = "autotune.json"
 
@@ -103,6 +105,8 @@ def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
 
 def search_spec(spec: UserSpec, opts: SearchOptions, output: str | os.PathLike | None) -> tuple[Recipe, Outcome]:
     """Search ``spec`` and, with an ``output`` path, add this machine's profile to that recipe file."""
+    from autotune.tuner._study import search as run_search  # Optuna: imported by a search only
+
     outcome = run_search(spec, opts)
     profile = profile_from(outcome, spec)
     if output is not None:
@@ -118,6 +122,8 @@ def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10, budget: str 
            progress: bool = True) -> Recipe:
     """Tune a DataLoader for ``dataset`` on this machine and return the Recipe (also written to ``output``)."""
     check_map_style(dataset, "the dataset")
+    from autotune.tuner._study import SearchOptions
+
     spec = UserSpec(dataset=dataset, source=f"<python object: {type(dataset).__name__}>", batch_size=batch_size,
                     epochs=epochs, collate_fn=collate_fn, transform=transform, train_step=train_step)
     opts = SearchOptions(budget=parse_duration(budget), workdir=Path(workdir), storage=storage, seed=seed,
@@ -152,6 +158,8 @@ def _search_here(nearest: Profile, path: str | os.PathLike, dataset: Any, budget
     else:
         spec = UserSpec(dataset=dataset, source=source, batch_size=settings.get("batch_size", 32),
                         epochs=settings.get("epochs", 10))
+    from autotune.tuner._study import SearchOptions
+
     opts = SearchOptions(budget=parse_duration(budget))
     return search_spec(spec, opts, path)[0]
 
