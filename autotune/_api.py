@@ -14,7 +14,7 @@ from autotune.errors import AutotuneError
 from autotune.recipe._factory import _UNSET, build_loader
 from autotune.recipe._file import Profile, RecipeFile, choose_profile
 from autotune.config import LoaderConfig
-from autotune.dataset._userfile import UserSpec, check_map_style, load_user_file
+from autotune.dataset._userfile import UserSpec, check_dataset, load_user_file
 
 if TYPE_CHECKING:
     from autotune.tuner._study import Outcome, SearchOptions
@@ -54,6 +54,7 @@ class Recipe:
         ``cache="hdf5"`` (or None) forces a cache backend; ``transform`` runs after the cache every epoch;
         ``collate_fn``, ``shuffle``, ``sampler``, ``drop_last`` and the like pass through untouched.
         The loader's ``autotune`` attribute says where each setting came from and what was applied.
+        ``loader_cls=StatefulDataLoader`` (torchdata) builds that class instead of torch's DataLoader.
         """
         return build_loader(self.profile, dataset, transform=transform, cache=cache, cache_dir=cache_dir,
                             apply_process_settings=apply_process_settings, progress=progress, **overrides)
@@ -70,7 +71,8 @@ def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
     pred, dpred = figures["prediction"], default["prediction"]
     return Profile(
         hardware=outcome.hardware,
-        dataset={"source": spec.source, "length": outcome.probe.length, "fingerprint": outcome.probe.fingerprint},
+        dataset={"source": spec.source, "length": outcome.probe.length, "fingerprint": outcome.probe.fingerprint,
+                 **({"stream": True, "length_known": outcome.probe.length_known} if outcome.probe.stream else {})},
         settings={"batch_size": spec.batch_size, "epochs": spec.epochs},
         config=config,
         measured={
@@ -119,13 +121,18 @@ def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10, budget: str 
            train_step: Callable | None = None, output: str | os.PathLike | None = DEFAULT_RECIPE,
            storage: str | None = None, workdir: str | os.PathLike = ".autotune",
            caches: tuple[str, ...] | None = None, max_memory: int | None = None, seed: int = 0,
-           progress: bool = True) -> Recipe:
-    """Tune a DataLoader for ``dataset`` on this machine and return the Recipe (also written to ``output``)."""
-    check_map_style(dataset, "the dataset")
+           progress: bool = True, samples_per_epoch: int | None = None) -> Recipe:
+    """Tune a DataLoader for ``dataset`` on this machine and return the Recipe (also written to ``output``).
+
+    ``dataset`` is map-style or a stream (an IterableDataset); a stream is measured over a bounded number
+    of batches, and its epoch extrapolated from them when its length is known (``__len__``, or
+    ``samples_per_epoch``)."""
+    check_dataset(dataset, "the dataset")
     from autotune.tuner._study import SearchOptions
 
     spec = UserSpec(dataset=dataset, source=f"<python object: {type(dataset).__name__}>", batch_size=batch_size,
-                    epochs=epochs, collate_fn=collate_fn, transform=transform, train_step=train_step)
+                    epochs=epochs, collate_fn=collate_fn, transform=transform, train_step=train_step,
+                    samples_per_epoch=samples_per_epoch)
     opts = SearchOptions(budget=parse_duration(budget), workdir=Path(workdir), storage=storage, seed=seed,
                          caches=caches, max_memory=max_memory, progress=progress)
     return search_spec(spec, opts, output)[0]
