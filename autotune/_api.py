@@ -15,8 +15,10 @@ from autotune.recipe._factory import _UNSET, build_loader
 from autotune.recipe._file import Profile, RecipeFile, choose_profile
 from autotune.config import LoaderConfig
 from autotune.dataset._userfile import UserSpec, check_dataset, load_user_file
+from autotune.integrations._lightning import plain_loader, resolving
 
 if TYPE_CHECKING:
+    from autotune.integrations._trainer import TrainerArguments
     from autotune.tuner._study import Outcome, SearchOptions
 
 DEFAULT_RECIPE = "autotune.json"
@@ -58,6 +60,14 @@ class Recipe:
         """
         return build_loader(self.profile, dataset, transform=transform, cache=cache, cache_dir=cache_dir,
                             apply_process_settings=apply_process_settings, progress=progress, **overrides)
+
+    def trainer_arguments(self) -> TrainerArguments:
+        """For the Hugging Face Trainer: ``args, not_carried = recipe.trainer_arguments()``, then
+        ``TrainingArguments(..., **args)``. ``not_carried`` lists, one line each, what the recipe holds that
+        those arguments cannot carry (a cache, the allocator, thread counts) and how to apply it."""
+        from autotune.integrations._trainer import trainer_arguments
+
+        return trainer_arguments(self.config)
 
     def __repr__(self) -> str:
         where = "this machine" if self.matches_this_machine else "other hardware"
@@ -173,6 +183,12 @@ def _search_here(nearest: Profile, path: str | os.PathLike, dataset: Any, budget
 
 def dataloader(dataset: Any, path: str | os.PathLike = DEFAULT_RECIPE, *, on_mismatch: str = "warn",
                **kwargs: Any) -> DataLoader:
-    """One step: ``load(path)`` then ``Recipe.dataloader(dataset, **kwargs)``."""
+    """One step: ``load(path)`` then ``Recipe.dataloader(dataset, **kwargs)``.
+
+    The one line a LightningDataModule's ``train_dataloader()`` needs; while ``autotune search`` reads
+    that datamodule, it returns a plain DataLoader with torch's defaults instead (no recipe is read)."""
+    calls = resolving()
+    if calls is not None:
+        return plain_loader(dataset, calls, **kwargs)
     recipe = load(path, on_mismatch=on_mismatch, dataset=dataset)
     return recipe.dataloader(dataset, **kwargs)

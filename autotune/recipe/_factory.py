@@ -163,6 +163,10 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = Non
         config = config.replace(allocator="glibc", main_threads=None, worker_threads=None)
     loader = make_loader(data, config, user_worker_init=user_init, loader_cls=loader_cls, **overrides)
     loader.autotune = res
+    if not config.num_workers and res.sources.get("num_workers") == "recipe":
+        from autotune.integrations._lightning import quiet_worker_warning
+
+        quiet_worker_warning(profile)
     log.info("autotune DataLoader: %s", res.describe())
     for line in res.applied:
         log.info("autotune applied: %s", line)
