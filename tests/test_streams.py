@@ -95,3 +95,13 @@ def test_a_real_stream_search_and_its_recipe(tmp_path):
         assert seen == collections.Counter(range(400))
     with pytest.raises(autotune.AutotuneError, match="cannot be cached"):
         autotune.dataloader(Stream(400), out, cache="memory")
+
+
+def test_a_stream_file_loads_with_its_samples_per_epoch(tmp_path):
+    from autotune.dataset._userfile import load_user_file
+
+    path = tmp_path / "stream_file.py"
+    path.write_text("from workloads import Stream\ndataset = Stream(None)\nsamples_per_epoch = 500\n")
+    spec = load_user_file(str(path))
+    assert is_stream(spec.dataset) and spec.samples_per_epoch == 500
+    assert load_user_file(str(path), samples_per_epoch=64).samples_per_epoch == 64
