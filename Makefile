@@ -15,7 +15,8 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[test,report]"
+	# torch named again, so that nothing the extras pull in (lightning, torchdata) can replace it.
+	$(BIN)/python -m pip install --quiet -e ".[test,report]" "$(TORCH)"
 	touch $(STAMP)
 
 install: $(STAMP)

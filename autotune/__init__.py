@@ -3,13 +3,31 @@
     recipe = autotune.search(dataset, batch_size=64, epochs=10, budget="2m")
     loader = recipe.dataloader(dataset)
     loader = autotune.dataloader(dataset, "autotune.json")
+
+``import autotune`` is light: the public API is imported on first use, and the search's own
+dependencies (Optuna) only when a search runs, so a training process that only builds loaders never
+imports them.
 """
 
-from autotune._api import Recipe, dataloader, load, search
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from autotune.errors import AutotuneError, DatasetError, HardwareMismatch, RecipeError
-from autotune.recipe._file import RecipeMismatchWarning
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:  # the names below, for type checkers; at run time they come from __getattr__
+    from autotune._api import Recipe, dataloader, load, search
+    from autotune.recipe._file import RecipeMismatchWarning
+
+_LAZY = {
+    "Recipe": "autotune._api",
+    "dataloader": "autotune._api",
+    "load": "autotune._api",
+    "search": "autotune._api",
+    "RecipeMismatchWarning": "autotune.recipe._file",
+}
 
 __all__ = [
     "AutotuneError",
@@ -22,3 +40,17 @@ __all__ = [
     "load",
     "search",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'autotune' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from torch.utils.data import DataLoader
 
@@ -15,9 +15,13 @@ from autotune.errors import AutotuneError
 from autotune.recipe._factory import _UNSET, build_loader
 from autotune.recipe._file import Profile, RecipeFile, choose_profile
 from autotune.recipe._measured import Finalist, Measured, RunFigures, Subset
-from autotune.tuner._study import Outcome, SearchOptions, search as run_search
 from autotune.config import LoaderConfig
-from autotune.dataset._userfile import UserSpec, check_map_style, load_user_file
+from autotune.dataset._userfile import UserSpec, check_dataset, load_user_file
+from autotune.integrations._lightning import plain_loader, resolving
+
+if TYPE_CHECKING:
+    from autotune.integrations._trainer import TrainerArguments
+    from autotune.tuner._study import Outcome, SearchOptions
 
 DEFAULT_RECIPE = "autotune.json"
 
@@ -54,9 +58,18 @@ class Recipe:
         ``cache="hdf5"`` (or None) forces a cache backend; ``transform`` runs after the cache every epoch;
         ``collate_fn``, ``shuffle``, ``sampler``, ``drop_last`` and the like pass through untouched.
         The loader's ``autotune`` attribute says where each setting came from and what was applied.
+        ``loader_cls=StatefulDataLoader`` (torchdata) builds that class instead of torch's DataLoader.
         """
         return build_loader(self.profile, dataset, transform=transform, cache=cache, cache_dir=cache_dir,
                             apply_process_settings=apply_process_settings, progress=progress, **overrides)
+
+    def trainer_arguments(self) -> TrainerArguments:
+        """For the Hugging Face Trainer: ``args, not_carried = recipe.trainer_arguments()``, then
+        ``TrainingArguments(..., **args)``. ``not_carried`` lists, one line each, what the recipe holds that
+        those arguments cannot carry (a cache, the allocator, thread counts) and how to apply it."""
+        from autotune.integrations._trainer import trainer_arguments
+
+        return trainer_arguments(self.config)
 
     def __repr__(self) -> str:
         where = "this machine" if self.matches_this_machine else "other hardware"
@@ -75,7 +88,8 @@ def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
     pred, dpred = figures["prediction"], default["prediction"]
     return Profile(
         hardware=outcome.hardware,
-        dataset={"source": spec.source, "length": outcome.probe.length, "fingerprint": outcome.probe.fingerprint},
+        dataset={"source": spec.source, "length": outcome.probe.length, "fingerprint": outcome.probe.fingerprint,
+                 **({"stream": True, "length_known": outcome.probe.length_known} if outcome.probe.stream else {})},
         settings={"batch_size": spec.batch_size, "epochs": spec.epochs},
         config=config,
         measured=Measured(
@@ -107,6 +121,8 @@ def search_spec(spec: UserSpec, opts: SearchOptions, output: str | os.PathLike |
     """Search ``spec`` and, with an ``output`` path, add this machine's profile to that recipe file."""
     if output is not None:
         RecipeFile.check_target(output)  # fails now, not after the budget is spent
+    from autotune.tuner._study import search as run_search  # Optuna: imported by a search only
+
     outcome = run_search(spec, opts)
     profile = profile_from(outcome, spec)
     if output is not None:
@@ -119,11 +135,18 @@ def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10, budget: str 
            train_step: Callable | None = None, output: str | os.PathLike | None = DEFAULT_RECIPE,
            storage: str | None = None, workdir: str | os.PathLike = ".autotune",
            caches: tuple[str, ...] | None = None, max_memory: int | None = None, seed: int = 0,
-           progress: bool = True) -> Recipe:
-    """Tune a DataLoader for ``dataset`` on this machine and return the Recipe (also written to ``output``)."""
-    check_map_style(dataset, "the dataset")
+           progress: bool = True, samples_per_epoch: int | None = None) -> Recipe:
+    """Tune a DataLoader for ``dataset`` on this machine and return the Recipe (also written to ``output``).
+
+    ``dataset`` is map-style or a stream (an IterableDataset); a stream is measured over a bounded number
+    of batches, and its epoch extrapolated from them when its length is known (``__len__``, or
+    ``samples_per_epoch``)."""
+    check_dataset(dataset, "the dataset")
+    from autotune.tuner._study import SearchOptions
+
     spec = UserSpec(dataset=dataset, source=f"<python object: {type(dataset).__name__}>", batch_size=batch_size,
-                    epochs=epochs, collate_fn=collate_fn, transform=transform, train_step=train_step)
+                    epochs=epochs, collate_fn=collate_fn, transform=transform, train_step=train_step,
+                    samples_per_epoch=samples_per_epoch)
     opts = SearchOptions(budget=parse_duration(budget), workdir=Path(workdir), storage=storage, seed=seed,
                          caches=caches, max_memory=max_memory, progress=progress)
     return search_spec(spec, opts, output)[0]
@@ -161,12 +184,20 @@ def _search_here(nearest: Profile, path: str | os.PathLike, dataset: Any, budget
     else:
         spec = UserSpec(dataset=dataset, source=source, batch_size=settings.get("batch_size", 32),
                         epochs=settings.get("epochs", 10))
+    from autotune.tuner._study import SearchOptions
+
     opts = SearchOptions(budget=parse_duration(budget), ranks_per_node=ranks)
     return search_spec(spec, opts, path)[0]
 
 
 def dataloader(dataset: Any, path: str | os.PathLike = DEFAULT_RECIPE, *, on_mismatch: str = "warn",
                ranks_per_node: int | None = None, **kwargs: Any) -> DataLoader:
-    """One step: ``load(path)`` then ``Recipe.dataloader(dataset, **kwargs)``."""
+    """One step: ``load(path)`` then ``Recipe.dataloader(dataset, **kwargs)``.
+
+    The one line a LightningDataModule's ``train_dataloader()`` needs; while ``autotune search`` reads
+    that datamodule, it returns a plain DataLoader with torch's defaults instead (no recipe is read)."""
+    calls = resolving()
+    if calls is not None:
+        return plain_loader(dataset, calls, **kwargs)
     recipe = load(path, on_mismatch=on_mismatch, dataset=dataset, ranks_per_node=ranks_per_node)
     return recipe.dataloader(dataset, **kwargs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from autotune.recipe._process import worker_init
 from autotune.config import LoaderConfig
@@ -27,10 +27,30 @@ class Transformed(Dataset):
         return self.transform(sample) if self.transform is not None else sample
 
 
+class TransformedStream(IterableDataset):
+    """``transform(sample)`` for each sample of a stream, in the stream's own order; the stream's own
+    worker split (get_worker_info) applies unchanged."""
+
+    def __init__(self, source: Any, transform: Callable):
+        self.source = source
+        self.transform = transform
+
+    def __iter__(self) -> Any:
+        return map(self.transform, self.source)
+
+
+def with_transform(dataset: Any, transform: Callable | None, stream: bool = False) -> Any:
+    """``dataset`` with the user's per-sample ``transform`` applied after it (map-style or stream)."""
+    if transform is None:
+        return dataset
+    return TransformedStream(dataset, transform) if stream else Transformed(dataset, transform)
+
+
 def make_loader(dataset: Any, config: LoaderConfig, *, user_worker_init: Callable[[int], None] | None = None,
-                **passthrough: Any) -> DataLoader:
-    """A DataLoader with ``config``'s settings; ``passthrough`` (batch_size, sampler, collate_fn, ...)
-    is the caller's and wins over the config. Process settings reach each worker via worker_init_fn."""
+                loader_cls: type[DataLoader] = DataLoader, **passthrough: Any) -> DataLoader:
+    """A DataLoader (or ``loader_cls``, e.g. torchdata's StatefulDataLoader) with ``config``'s settings;
+    ``passthrough`` (batch_size, sampler, collate_fn, ...) is the caller's and wins over the config.
+    Process settings reach each worker via worker_init_fn."""
     kwargs = config.loader_kwargs()
     if kwargs["pin_memory"] and not torch.cuda.is_available():
         kwargs["pin_memory"] = False  # pinning without CUDA only warns and costs time
@@ -44,7 +64,7 @@ def make_loader(dataset: Any, config: LoaderConfig, *, user_worker_init: Callabl
         for key in ("prefetch_factor", "persistent_workers", "multiprocessing_context"):
             kwargs.pop(key, None)
         kwargs.pop("timeout", None)
-    return DataLoader(dataset, **kwargs)
+    return loader_cls(dataset, **kwargs)
 
 
 def move_to(batch: Any, device: torch.device, non_blocking: bool) -> Any:

@@ -84,11 +84,8 @@ BAD = {
     "syntax": ("dataset = (", "does not import: SyntaxError"),
     "import": ("import no_such_module_xyz\ndataset = []", "does not import: ModuleNotFoundError: No module named 'no_such_module_xyz'"),
     "no_attribute": (GOOD.format(body="train_set = Squares()\n"), "has no attribute 'dataset'. Dataset-like names in the file: Squares, train_set."),
-    "not_map_style": ("dataset = 42", "is a int, not a map-style dataset: it needs __getitem__(int) and __len__()."),
-    "iterable": (
-        "from torch.utils.data import IterableDataset\nclass S(IterableDataset):\n    def __iter__(self):\n        return iter([1])\ndataset = S()",
-        "is an IterableDataset; autotune supports map-style datasets",
-    ),
+    "not_map_style": ("dataset = 42", "is a int, not a dataset: it needs __getitem__(int) and __len__() (map-style), "
+                      "or __iter__ as a torch.utils.data.IterableDataset (a stream)."),
     "empty": ("dataset = []", "is empty (len 0)"),
     "getitem_raises": (
         "class D:\n    def __len__(self): return 5\n    def __getitem__(self, i): raise ValueError('broken jpeg')\ndataset = D()",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -89,3 +90,36 @@ class WithEpochs(Numbers):
 class FourMegabyteBatches(Numbers):
     def __getitem__(self, i: int):
         return torch.full((1 << 17,), float(i)), i  # 512 KiB samples: 4 MiB batches of 8
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """A stream of ``n`` samples (endless with n=None) that splits itself across DataLoader workers."""
+
+    def __init__(self, n: int | None = 200, delay: float = 0.0):
+        self.n = n
+        self.delay = delay
+
+    def _positions(self):
+        return itertools.count() if self.n is None else range(self.n)
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in self._positions():
+            if i % workers == worker:
+                if self.delay:
+                    time.sleep(self.delay)
+                yield torch.full((4,), float(i)), i
+
+
+class UnshardedStream(Stream):
+    """The classic bug: every worker yields the whole stream."""
+
+    def __iter__(self):
+        for i in self._positions():
+            yield torch.full((4,), float(i)), i
+
+
+class SizedStream(Stream):
+    def __len__(self) -> int:
+        return self.n

@@ -11,10 +11,8 @@ import numpy as np
 from autotune.caches._base import CorruptCache, DiskCache
 from autotune.caches._codec import Schema, encode, decode
 
-try:
-    import h5py
-except ImportError:  # pragma: no cover - h5py is a dependency of the project
-    h5py = None
+# Imported by the first hdf5 cache built or opened, so a process that uses no such cache never loads it.
+h5py: Any = None
 
 FILE = "data.h5"
 _CHUNK_BYTES = 256 << 10  # a chunk holds one sample, or a few small ones
@@ -22,8 +20,13 @@ _WRITE_BYTES = 16 << 20  # rows buffered before one slice write
 
 
 def _require_h5py() -> None:
+    global h5py
     if h5py is None:
-        raise ImportError("The hdf5 cache needs the h5py package: pip install h5py")
+        try:
+            import h5py as module
+        except ImportError:  # pragma: no cover - h5py is a dependency of the project
+            raise ImportError("The hdf5 cache needs the h5py package: pip install h5py") from None
+        h5py = module
 
 
 class Hdf5Cache(DiskCache):

@@ -12,10 +12,8 @@ from typing import Any, Iterator
 from autotune.caches._base import CorruptCache, DiskCache
 from autotune.caches._codec import Schema, pack, unpack
 
-try:
-    import lmdb
-except ImportError:  # pragma: no cover - lmdb is a dependency of the project
-    lmdb = None
+# Imported by the first lmdb cache built or opened, so a process that uses no such cache never loads it.
+lmdb: Any = None
 
 DB = "db"
 _PAGE = 4096
@@ -34,8 +32,13 @@ def record_disk_bytes(nbytes: float) -> float:
 
 
 def _require_lmdb() -> None:
+    global lmdb
     if lmdb is None:
-        raise ImportError("The lmdb cache needs the lmdb package: pip install lmdb")
+        try:
+            import lmdb as module
+        except ImportError:  # pragma: no cover - lmdb is a dependency of the project
+            raise ImportError("The lmdb cache needs the lmdb package: pip install lmdb") from None
+        lmdb = module
 
 
 # py-lmdb refuses to open one environment twice in a process, so caches on the same path share it.

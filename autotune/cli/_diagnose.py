@@ -55,13 +55,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autotune.diagnose._measure import diagnose, format_table, to_json
-    from autotune.dataset._userfile import load_user_file
+    from autotune.dataset._userfile import load_user_file, require_map_style
 
     for flag in ("batch_size", "samples"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise AutotuneError(f"--{flag.replace('_', '-')} must be a positive integer, but got {value}.")
     spec = load_user_file(args.target, batch_size=args.batch_size)
+    require_map_style(spec, "diagnose")
     m, v = diagnose(spec, samples=args.samples, seed=args.seed, progress=_progress())
     _progress_done()
     if args.json:

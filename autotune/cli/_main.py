@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 
+from autotune import __version__
 from autotune.errors import AutotuneError
 from autotune.tuner._lifecycle import Stopped
 
@@ -19,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Find the fastest PyTorch DataLoader recipe for a dataset on this machine.",
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks")
+    parser.add_argument("--version", action="version", version=f"autotune {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
@@ -34,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv == ["--version"]:  # answered before the subcommands (and torch) are imported
+        print(f"autotune {__version__}")
+        return 0
     # --debug is accepted anywhere before `--`, so `autotune search x.py --debug` works too, while
     # `autotune run -- python train.py --debug` leaves it to the user's program.
     cut = argv.index("--") if "--" in argv else len(argv)

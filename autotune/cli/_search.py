@@ -45,6 +45,8 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", default="2m", help="time budget for the whole search, e.g. 90s, 2m, 1h (default 2m)")
     p.add_argument("--batch-size", type=int, help="batch size (default: the file's batch_size, else 32)")
     p.add_argument("--epochs", type=int, help="epochs the recipe is optimised for (default: the file's, else 10)")
+    p.add_argument("--samples-per-epoch", type=int, help="samples in one epoch of a stream (IterableDataset) "
+                   "without __len__ (default: the file's samples_per_epoch); the epoch is extrapolated from it")
     p.add_argument("--storage", help="Optuna storage URL (default: sqlite file under .autotune/)")
     p.add_argument("--workdir", default=".autotune", help="where studies and caches live (default .autotune)")
     p.add_argument("--caches", help="cache backends to consider, comma-separated, or 'none'")
@@ -71,7 +73,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def options_from(args: argparse.Namespace):
     from autotune.tuner._study import SearchOptions
 
-    for flag in ("batch_size", "epochs", "max_workers"):
+    for flag in ("batch_size", "epochs", "max_workers", "samples_per_epoch"):
         value = getattr(args, flag)
         if value is not None and value < (0 if flag == "max_workers" else 1):
             raise AutotuneError(f"--{flag.replace('_', '-')} must be a positive integer, but got {value}.")
@@ -124,6 +126,9 @@ def summary(recipe, outcome, output: str | None) -> str:
     sub = m.subset
     scope = f"a seeded subset of {sub.measured} of {sub.length} samples, extrapolated" if sub.extrapolated \
         else f"all {sub.length} samples"
+    if recipe.profile.dataset.get("stream"):
+        scope = f"the stream's first {sub.measured} samples" + (
+            f" of {sub.length} per epoch, extrapolated" if sub.extrapolated else "")
     lines.append(f"  measured on {scope}; {m.trials} trials ({m.pruned_trials} pruned, "
                  f"{m.failed_trials} failed) in {format_seconds(m.search_seconds)}")
     if m.note and m.is_default:
@@ -141,12 +146,22 @@ def run(args: argparse.Namespace) -> int:
     opts = options_from(args)
     if args.output is not None:
         RecipeFile.check_target(args.output)  # before the budget is spent
-    spec = load_user_file(args.target, batch_size=args.batch_size, epochs=args.epochs)
+    spec = load_user_file(args.target, batch_size=args.batch_size, epochs=args.epochs,
+                          samples_per_epoch=args.samples_per_epoch)
+    if args.validate and _spec_is_stream(spec):
+        raise AutotuneError("--validate runs a map-style dataset's epochs; a stream's recipe is checked by the "
+                            "search's own interleaved re-measurement. Drop --validate.")
     recipe, outcome = search_spec(spec, opts, args.output)
     print(summary(recipe, outcome, args.output))
     if args.validate:
         print(validate_recipe(recipe, spec, args))
     return 0
+
+
+def _spec_is_stream(spec) -> bool:
+    from autotune.dataset._stream import is_stream
+
+    return is_stream(spec.dataset)
 
 
 def validate_recipe(recipe, spec, args) -> str:

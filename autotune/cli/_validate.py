@@ -95,7 +95,7 @@ def validate_spec(recipe: Recipe, spec: UserSpec, *, recipe_path: str | None, da
 
 def run(args: argparse.Namespace) -> int:
     from autotune._api import load
-    from autotune.dataset._userfile import load_user_file
+    from autotune.dataset._userfile import load_user_file, require_map_style
 
     if args.max_batches is not None and args.max_batches < 2:
         raise AutotuneError(f"--max-batches must be at least 2, but got {args.max_batches}.")
@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         raise AutotuneError(f"--batch-size must be a positive integer, but got {args.batch_size}.")
     recipe = load(args.recipe)
     spec = load_user_file(args.target, batch_size=args.batch_size or recipe.profile.settings.get("batch_size"))
+    require_map_style(spec, "validate")
     print(validate_spec(recipe, spec, recipe_path=None if args.no_store else args.recipe, data_dir=args.data_dir,
                         max_batches=args.max_batches, epochs=args.epochs, seed=args.seed))
     return 0

@@ -21,6 +21,8 @@ class Probe:
     deterministic: bool
     determinism_note: str
     fingerprint: str
+    stream: bool = False  # an IterableDataset: read in its own order, a bounded number of batches per trial
+    length_known: bool = True  # False: a stream without __len__ or --samples-per-epoch; length is what is measured
 
 
 def probe_indices(length: int, count: int, seed: int = 0) -> list[int]:
@@ -56,4 +58,34 @@ def probe_dataset(spec: UserSpec, count: int = 8, seed: int = 0) -> Probe:
         deterministic=deterministic,
         determinism_note=note,
         fingerprint=dataset_fingerprint(dataset, spec.source_text),
+    )
+
+
+def probe_stream(spec: UserSpec, length: int | None, count: int = 8) -> Probe:
+    """The first ``count`` samples of a stream, read in this process: their cost, size and bits."""
+    import hashlib
+
+    from autotune.caches._codec import sample_nbytes
+    from autotune.dataset._stream import first_samples, sample_key
+
+    samples, seconds = first_samples(spec.dataset, count)
+    ready = [spec.transform(s) for s in samples] if spec.transform is not None else samples
+    per_sample = batch_bytes((spec.collate_fn or default_collate)(ready)) / len(ready)
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"autotune-stream-v1:len={length}:{type(spec.dataset).__qualname__}".encode())
+    for sample in samples:
+        h.update(sample_key(sample))
+    if spec.source_text is not None:
+        h.update(spec.source_text.encode("utf-8", "surrogatepass"))
+    # The first read opens the stream (a shard, a connection): the median leaves that out.
+    return Probe(
+        length=length or 0,
+        sample_seconds=float(np.median(seconds)),
+        sample_bytes=float(np.mean([sample_nbytes(s) for s in samples])),
+        batch_bytes=int(per_sample * spec.batch_size),
+        deterministic=False,
+        determinism_note="a stream is read in its own order, so a cache would freeze it",
+        fingerprint=h.hexdigest(),
+        stream=True,
+        length_known=length is not None,
     )

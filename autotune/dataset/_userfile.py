@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from torch.utils.data import IterableDataset
-
+from autotune.dataset._stream import is_stream
 from autotune.errors import DatasetError
 
 DEFAULT_BATCH_SIZE = 32
@@ -27,26 +26,37 @@ class UserSpec:
     collate_fn: Callable | None = None
     transform: Callable | None = None
     train_step: Callable | None = None
+    # Samples in one epoch of a stream without __len__ (an IterableDataset is measured over a bounded
+    # number of batches, and the epoch extrapolated from them when its length is known).
+    samples_per_epoch: int | None = None
     source_text: str | None = None
     # Folders child processes must put on sys.path to unpickle what the file defines.
     sys_path: list[str] = field(default_factory=list)
 
 
 def looks_like_dataset(obj: Any) -> bool:
-    return isinstance(obj, IterableDataset) or (hasattr(obj, "__getitem__") and hasattr(obj, "__len__"))
+    return is_stream(obj) or (hasattr(obj, "__getitem__") and hasattr(obj, "__len__"))
+
+
+def check_dataset(obj: Any, where: str) -> None:
+    """Raise DatasetError unless ``obj`` is a stream (an IterableDataset) or a non-empty map-style dataset."""
+    if not is_stream(obj):
+        check_map_style(obj, where)
+
+
+def require_map_style(spec: UserSpec, command: str) -> None:
+    """For the commands that read samples by index: a stream gets one line saying what to do instead."""
+    if is_stream(spec.dataset):
+        raise DatasetError(f"{spec.source} is a stream (IterableDataset); `autotune {command}` reads samples by "
+                           "index, so it needs a map-style dataset. `autotune search` tunes streams.")
 
 
 def check_map_style(obj: Any, where: str) -> None:
     """Raise DatasetError unless ``obj`` is a non-empty map-style dataset."""
-    if isinstance(obj, IterableDataset):
-        raise DatasetError(
-            f"{where} is an IterableDataset; autotune supports map-style datasets "
-            "(__getitem__(int) and __len__()) only for now. Expose a map-style view of the data."
-        )
     if not (hasattr(obj, "__getitem__") and hasattr(obj, "__len__")):
         raise DatasetError(
-            f"{where} is a {type(obj).__name__}, not a map-style dataset: "
-            "it needs __getitem__(int) and __len__()."
+            f"{where} is a {type(obj).__name__}, not a dataset: it needs __getitem__(int) and __len__() "
+            "(map-style), or __iter__ as a torch.utils.data.IterableDataset (a stream)."
         )
     try:
         length = len(obj)
@@ -128,7 +138,8 @@ def import_file(path: Path) -> Any:
         ) from exc
 
 
-def load_user_file(target: str, *, batch_size: int | None = None, epochs: int | None = None) -> UserSpec:
+def load_user_file(target: str, *, batch_size: int | None = None, epochs: int | None = None,
+                   samples_per_epoch: int | None = None) -> UserSpec:
     """Resolve ``PATH[:NAME]`` into a UserSpec; flags given here override the file's values."""
     path_text, _, name = target.partition(":") if not Path(target).exists() else (target, "", "")
     name = name or "dataset"
@@ -152,17 +163,26 @@ def load_user_file(target: str, *, batch_size: int | None = None, epochs: int | 
                 f"Calling {name}() from {path} raised {type(exc).__name__}: {exc}. "
                 "Fix it (run with --debug for the traceback)."
             ) from exc
-    check_map_style(obj, where)
+    from autotune.integrations._lightning import Resolved, is_datamodule, resolve_datamodule
+
+    # A LightningDataModule: its training loader's dataset, batch size and collate_fn (the file's hooks win).
+    found = resolve_datamodule(obj, where) if is_datamodule(obj) else Resolved(obj)
+    obj = found.dataset
+    check_dataset(obj, where)
+    stream = is_stream(obj)
     spec = UserSpec(
         dataset=obj,
         source=f"{path}:{name}",
-        batch_size=batch_size or _int_hook(module, "batch_size", DEFAULT_BATCH_SIZE, str(path)),
+        batch_size=batch_size or _int_hook(module, "batch_size", found.batch_size or DEFAULT_BATCH_SIZE, str(path)),
         epochs=epochs or _int_hook(module, "epochs", DEFAULT_EPOCHS, str(path)),
-        collate_fn=_callable_hook(module, "collate_fn", str(path)),
-        transform=_callable_hook(module, "transform", str(path)),
+        collate_fn=_callable_hook(module, "collate_fn", str(path)) or found.collate_fn,
+        transform=_callable_hook(module, "transform", str(path)) or found.transform,
         train_step=_callable_hook(module, "train_step", str(path)),
+        samples_per_epoch=samples_per_epoch or (
+            _int_hook(module, "samples_per_epoch", 1, str(path)) if hasattr(module, "samples_per_epoch") else None),
         source_text=path.read_text(errors="replace"),
         sys_path=[str(path.parent.resolve())],
     )
-    read_sample(obj, 0)
+    if not stream:
+        read_sample(obj, 0)
     return spec

@@ -427,10 +427,35 @@ def source_files(dataset: Any, indices: list[int], length: int, data_dir: str | 
     if data_dir is not None:
         files = files_under(data_dir)
         return SourceFiles(tuple(sorted(files)), "--data-dir", _size(files))
+    arrow = arrow_files(dataset)
+    if arrow:  # memory-mapped, not opened per sample: no read would reveal them
+        return SourceFiles(tuple(sorted(arrow)), "Arrow files (Dataset.cache_files)", _size(arrow))
     files, how = dataset_files(dataset, indices)
     size = _size(files)
     total = size if how == "shared" else int(size * length / max(1, len(indices)))
     return SourceFiles(tuple(sorted(files)), how, total)
+
+
+def arrow_files(obj: Any, depth: int = 2) -> set[str]:
+    """The Arrow files a Hugging Face ``datasets.Dataset`` memory-maps (its ``cache_files``), found on the
+    dataset or on a dataset it wraps; empty for one held in memory."""
+    found: set[str] = set()
+    entries = getattr(obj, "cache_files", None) if type(obj).__module__.startswith("datasets.") else None
+    if isinstance(entries, list):
+        for entry in entries:
+            name = entry.get("filename") if isinstance(entry, dict) else None
+            if isinstance(name, str) and os.path.isfile(name):
+                found.add(os.path.realpath(name))
+        return found
+    if depth > 1:
+        try:
+            values = list(vars(obj).values())
+        except TypeError:
+            return found
+        for value in values:
+            if type(value).__module__.startswith("datasets."):
+                found |= arrow_files(value, depth - 1)
+    return found
 
 
 def _size(files: Iterable[str]) -> int:

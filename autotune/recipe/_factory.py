@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 
 from autotune.machine._cpus import build_workers
 from autotune.errors import AutotuneError
-from autotune._loader import Transformed, make_loader
+from autotune._loader import make_loader, with_transform
 from autotune.recipe._process import apply_at_runtime
 from autotune.config import WORKER_ONLY as _WORKER_ONLY
 from autotune.config import ConfigError, LoaderConfig
@@ -132,8 +132,12 @@ def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | Pa
 
 def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = None, cache: Any = _UNSET,
                  cache_dir: str | Path | None = None, apply_process_settings: bool = True,
-                 progress: bool = True, **overrides: Any) -> DataLoader:
-    """A DataLoader over ``dataset`` with the profile's settings; see the module docstring for precedence."""
+                 progress: bool = True, loader_cls: type[DataLoader] = DataLoader, **overrides: Any) -> DataLoader:
+    """A DataLoader over ``dataset`` with the profile's settings; see the module docstring for precedence.
+    ``loader_cls`` builds another DataLoader subclass with the same arguments (torchdata's StatefulDataLoader)."""
+    from autotune.dataset._stream import is_stream
+
+    stream = is_stream(dataset)
     tuned_batch = (profile.settings or {}).get("batch_size")
     if "batch_sampler" not in overrides:
         overrides.setdefault("batch_size", tuned_batch or 1)
@@ -150,6 +154,9 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = Non
                       "applies it after the cache, every epoch.", stacklevel=_caller_stacklevel())
     config, res = _resolve(profile, overrides, cache)
     user_init = overrides.pop("worker_init_fn", None)
+    if config.cache and stream:
+        raise AutotuneError(f"A stream (IterableDataset) cannot be cached (cache={config.cache!r}): a cache would "
+                            "replay one recorded pass, freezing its order; pass cache=None.")
     source = None
     if config.cache:
         source = _cached_source(dataset, config.cache, profile, cache_dir, progress, build_workers())
@@ -163,7 +170,7 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = Non
         if collate_fn is not None:
             overrides["collate_fn"] = collate_fn
     else:
-        data = Transformed(dataset, transform) if transform is not None else dataset
+        data = with_transform(dataset, transform, stream)
     if apply_process_settings:
         applied = apply_at_runtime(replace(config.process_settings(), worker_threads=None))
         res.applied, res.not_applied = applied.applied, applied.not_applied
@@ -171,8 +178,12 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = Non
             res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
     else:
         config = config.replace(allocator="glibc", main_threads=None, worker_threads=None)
-    loader = make_loader(data, config, user_worker_init=user_init, **overrides)
+    loader = make_loader(data, config, user_worker_init=user_init, loader_cls=loader_cls, **overrides)
     loader.autotune = res
+    if not config.num_workers and res.sources.get("num_workers") == "recipe":
+        from autotune.integrations._lightning import quiet_worker_warning
+
+        quiet_worker_warning(profile)
     log.info("autotune DataLoader: %s", res.describe())
     for line in res.applied:
         log.info("autotune applied: %s", line)

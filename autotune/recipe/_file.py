@@ -62,7 +62,7 @@ def _autotune_version() -> str:
     try:
         from importlib.metadata import PackageNotFoundError, version
 
-        return version("autotune")
+        return version("dataloader-autotune")
     except (ImportError, PackageNotFoundError):
         return "unknown"
 

@@ -142,7 +142,7 @@ def is_leftover(path: Path) -> bool:
 
 
 def leftover_trials(root: str | os.PathLike) -> list[Path]:
-    """The trial folders under ``root`` left by searches that were killed (see ``_is_leftover``)."""
+    """The trial folders under ``root`` left by searches that were killed (see ``is_leftover``)."""
     root = Path(root)
     if not root.is_dir():
         return []

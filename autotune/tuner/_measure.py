@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from autotune._loader import DeviceConsumer, Transformed, make_loader
+from autotune._loader import DeviceConsumer, Transformed, make_loader, with_transform
 from autotune.machine._memory import tree_pss
 from autotune.recipe._process import apply_at_runtime
 from autotune.tuner._predict import HEAD, EpochTiming, predict
@@ -52,6 +52,13 @@ class Plan:
     files: tuple[str, ...] = ()
     cold_every_epoch: bool = False
     sample_memory: bool = True
+    # A stream (IterableDataset): each epoch reads its first len(indices) samples, in whole batches, in the
+    # stream's own order (no shuffle, no sampler, no cache); ``indices`` only counts them.
+    stream: bool = False
+
+    def stream_batches(self, batch_size: int) -> int | None:
+        """The batches an epoch of a stream is measured over (None for a map-style dataset)."""
+        return max(1, len(self.indices) // batch_size) if self.stream else None
 
 
 # Progress of a running trial: (step, predicted total seconds so far), so a pruner can stop it early.
@@ -64,6 +71,8 @@ def _consumer(workload: Workload, config: LoaderConfig) -> Callable[[Any], Any]:
 
 def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, float, Callable | None]:
     """The dataset the loader reads, the seconds spent building its cache (on the subset), the collate."""
+    if plan.stream:
+        return with_transform(workload.dataset, workload.transform, stream=True), 0.0, workload.collate_fn
     if config.cache is None:
         return Transformed(workload.dataset, workload.transform, plan.indices), 0.0, workload.collate_fn
     from autotune import caches  # the cache family is only needed by caching candidates
@@ -122,10 +131,12 @@ def _evict(plan: Plan) -> dict | None:
 
 def timed_epoch(loader: Any, consume: Callable, *, sample_memory: bool = False,
                 on_batch: Callable[[int, float, float], None] | None = None,
-                should_stop: Callable[[], bool] | None = None) -> tuple[EpochTiming, int]:
+                should_stop: Callable[[], bool] | None = None, batches: int | None = None) -> tuple[EpochTiming, int]:
     """Time one epoch under the consumer; returns its timing and the memory read at its end (0 when not
-    sampled). ``on_batch(count, elapsed, first_batch)`` sees progress; ``should_stop`` can end it early."""
-    expected = len(loader)
+    sampled). ``on_batch(count, elapsed, first_batch)`` sees progress; ``should_stop`` can end it early.
+    ``batches`` bounds a stream's epoch: the iterator is then dropped after that many (a stream may be
+    endless), not drained."""
+    expected = len(loader) if batches is None else batches
     start = time.perf_counter()
     iterator = iter(loader)
     first = None
@@ -148,8 +159,9 @@ def timed_epoch(loader: Any, consume: Callable, *, sample_memory: bool = False,
             elapsed = now - start
             if sample_memory:
                 memory = tree_pss()  # clock already stopped; workers still alive
-            for _ in iterator:  # let the iterator finish its own shutdown, outside the clock
-                pass
+            if batches is None:
+                for _ in iterator:  # let the iterator finish its own shutdown, outside the clock
+                    pass
             break
     else:
         elapsed = time.perf_counter() - start
@@ -168,8 +180,8 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     dataset, build_seconds, collate_fn = _source(workload, config, plan)
     generator = torch.Generator().manual_seed(plan.seed)
     loader = make_loader(
-        dataset, config, batch_size=workload.batch_size, shuffle=True,
-        generator=generator, collate_fn=collate_fn,
+        dataset, config, batch_size=workload.batch_size, generator=generator, collate_fn=collate_fn,
+        **({} if plan.stream else {"shuffle": True}),
         **({"timeout": plan.batch_timeout} if config.num_workers else {}),
     )
     consume = _consumer(workload, config)
@@ -178,7 +190,8 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     timings: list[EpochTiming] = []
     peak = 0
 
-    batches = len(loader)
+    bound = plan.stream_batches(workload.batch_size)
+    batches = len(loader) if bound is None else bound
     build_full = build_seconds * plan.length / n
     restarts = 1 if config.persistent_workers else workload.epochs  # worker start-up paid per epoch
 
@@ -205,14 +218,17 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
         if epoch and plan.cold_every_epoch:
             evictions.append(_evict(plan))
         timing, memory = timed_epoch(loader, consume, sample_memory=plan.sample_memory, on_batch=progress(epoch),
-                                     should_stop=should_stop)
+                                     should_stop=should_stop, batches=bound)
         timings.append(timing)
         peak = max(peak, memory)
     del loader
     gc.collect()
     first, warm = timings[0], timings[-1]
+    length = plan.length
+    if bound is not None and first.batches < bound:  # the stream ended before the bound: read whole
+        n = length = min(n, first.batches * workload.batch_size)
     prediction = predict(first=first, warm=warm, build_seconds=build_seconds, measured_samples=n,
-                         length=plan.length, batch_size=workload.batch_size, epochs=workload.epochs)
+                         length=length, batch_size=workload.batch_size, epochs=workload.epochs)
     return {
         "prediction": prediction.to_dict(),
         "epochs": [t.__dict__ for t in timings],

@@ -3,6 +3,7 @@ space, the measured subset, the files to evict, the batch size in bytes, and wha
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -10,10 +11,11 @@ from typing import Any
 from autotune.machine import _hardware as hardware
 from autotune.tuner._candidates import Limits, build_space, disk_free
 from autotune.machine._cpus import build_workers, usable_cpus
-from autotune.machine._evict import source_files
+from autotune.machine._evict import SourceFiles, source_files
 from autotune.tuner._measure import Plan, Workload
 from autotune.machine._memory import default_budget, format_bytes
-from autotune.dataset._probe import Probe, probe_dataset, probe_indices
+from autotune.dataset._probe import Probe, probe_dataset, probe_indices, probe_stream
+from autotune.dataset._stream import check_sharding, is_stream, local_shard_files, shard_count, stream_length
 from autotune.machine._shm import shm_free
 from autotune.tuner._space import Space
 from autotune.dataset._statefulness import epoch_state_warning
@@ -43,8 +45,18 @@ def subset_size(probe: Probe, batch_size: int, seconds: float) -> int:
     return count
 
 
+def stream_subset(probe: Probe, batch_size: int, seconds: float) -> int:
+    """Samples a stream's measured epoch reads: about ``seconds`` of default loading in whole batches, at
+    least four batches, at most its known length."""
+    wanted = int(seconds / max(probe.sample_seconds, 1e-6))
+    count = max(4 * batch_size, wanted) // batch_size * batch_size
+    return min(count, probe.length) if probe.length_known else count
+
+
 def prepare(spec: UserSpec, opts: Any) -> Setup:
     """``opts`` is a SearchOptions."""
+    if is_stream(spec.dataset):
+        return prepare_stream(spec, opts)
     hw = hardware.collect(ranks_per_node=opts.ranks_per_node)
     probe = probe_dataset(spec, seed=opts.seed)
     stateful = epoch_state_warning(spec.dataset)
@@ -65,14 +77,7 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
     count = subset_size(probe, spec.batch_size, trial_seconds)
     indices = list(range(probe.length)) if count >= probe.length else probe_indices(probe.length, count, opts.seed)
     sources = source_files(spec.dataset, indices, probe.length, opts.data_dir)
-    if sources.files:
-        every = " every epoch: the data does not fit in the page cache" if sources.cold_every_epoch else ""
-        limits.notes.append(
-            f"cold reads: {len(sources.files)} source file(s) ({sources.how}, ~{format_bytes(sources.total_bytes)} "
-            f"for the whole dataset) are evicted from the page cache before the first epoch{every}"
-        )
-    else:
-        limits.notes.append(f"cold reads: no source files to evict ({sources.how}); every epoch is measured warm")
+    _note_sources(sources, limits)
     plan = Plan(
         indices=indices,
         length=probe.length,
@@ -103,3 +108,76 @@ def with_subset(setup: Setup, spec: UserSpec, opts: Any, count: int) -> Setup:
     sources = source_files(spec.dataset, indices, probe.length, opts.data_dir)
     plan = replace(setup.plan, indices=indices, files=sources.files, cold_every_epoch=sources.cold_every_epoch)
     return replace(setup, plan=plan)
+
+
+def _note_sources(sources: SourceFiles, limits: Limits) -> None:
+    if sources.files:
+        every = " every epoch: the data does not fit in the page cache" if sources.cold_every_epoch else ""
+        limits.notes.append(
+            f"cold reads: {len(sources.files)} source file(s) ({sources.how}, ~{format_bytes(sources.total_bytes)} "
+            f"for the whole dataset) are evicted from the page cache before the first epoch{every}"
+        )
+    else:
+        limits.notes.append(f"cold reads: no source files to evict ({sources.how}); every epoch is measured warm")
+
+
+def prepare_stream(spec: UserSpec, opts: Any) -> Setup:
+    """A stream (IterableDataset): the same search over workers, prefetch, persistence, pinning, start
+    method, threads and allocator, measured on the stream's first batches in its own order. The sharding
+    check runs first: a stream that hands every worker all its data is refused before any trial."""
+    hw = hardware.collect(ranks_per_node=opts.ranks_per_node)
+    known = spec.samples_per_epoch or stream_length(spec.dataset)
+    probe = probe_stream(spec, known)
+    limits = Limits(
+        usable_cpus=usable_cpus(opts.ranks_per_node),
+        memory_budget=opts.max_memory or default_budget(),
+        disk_free=disk_free(opts.workdir),
+        max_workers=opts.max_workers,
+        caches=("none",),
+        allocators=opts.allocators,
+    )
+    limits.notes.append(
+        "caches left out: a stream is read in its own order (its shuffle buffer, its shard order), and a cache "
+        "would replay one recorded pass every epoch, freezing that order"
+    )
+    not_checked = check_sharding(spec.dataset, timeout=opts.trial_timeout or 120.0)
+    if not_checked:
+        limits.notes.append(not_checked)
+    shards = shard_count(spec.dataset)
+    if shards is not None:
+        cap = limits.max_workers if limits.max_workers is not None else limits.usable_cpus
+        if shards < cap:
+            limits.max_workers = shards
+            limits.notes.append(f"num_workers at most {shards}: the stream has {shards} shard(s), and a worker "
+                                "beyond them would get no data (Hugging Face) or fail (webdataset)")
+    space = build_space(probe, limits)
+    trial_seconds = opts.trial_seconds or min(10.0, max(1.0, opts.budget / 50))
+    count = stream_subset(probe, spec.batch_size, trial_seconds)
+    if not probe.length_known:
+        probe = replace(probe, length=count)
+        limits.notes.append(
+            f"the stream has no length: an epoch is taken to be the {count} samples measured; pass "
+            "--samples-per-epoch (samples_per_epoch=) to extrapolate to the real epoch"
+        )
+    if opts.data_dir is not None:
+        sources = source_files(spec.dataset, [], probe.length, opts.data_dir)
+    else:
+        shard_files = local_shard_files(spec.dataset)
+        sources = SourceFiles(tuple(sorted(shard_files)), "webdataset shards" if shard_files else
+                              "a stream: pass --data-dir", sum(os.path.getsize(f) for f in shard_files))
+    _note_sources(sources, limits)
+    plan = Plan(
+        indices=list(range(count)),
+        length=probe.length,
+        seed=opts.seed,
+        batch_timeout=opts.trial_timeout or max(60.0, 20 * trial_seconds),
+        cache_root=str(Path(opts.workdir) / "cache" / "trials"),
+        files=sources.files,
+        cold_every_epoch=sources.cold_every_epoch,
+        stream=True,
+    )
+    workload = Workload(dataset=spec.dataset, batch_size=spec.batch_size, epochs=spec.epochs,
+                        collate_fn=spec.collate_fn, transform=spec.transform, train_step=spec.train_step,
+                        fingerprint=probe.fingerprint)
+    return Setup(hw, probe, limits, space, plan, workload, probe.batch_bytes, shm_free(), trial_seconds,
+                 opts.ranks_per_node)

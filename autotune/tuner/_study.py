@@ -141,12 +141,17 @@ class _Progress:
 
 def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None, runner: Any = None) -> Outcome:
     """Tune ``spec``. ``setup`` and ``runner`` default to the real preparation and trial processes;
-    the search-core tests pass their own, to run the loop in memory.
+    the search-core tests pass their own, to run the loop in memory. Optuna's log level and the warning
+    filters are the caller's again when it returns.
 
     SIGTERM and SIGHUP stop it like Ctrl-C: the running trial's process tree is stopped and its folder
     removed, then ``Stopped`` (or KeyboardInterrupt) is raised."""
-    with stop_on_signals():
-        return _search(spec, opts, setup, runner)
+    verbosity = optuna.logging.get_verbosity()
+    try:
+        with warnings.catch_warnings(), stop_on_signals():
+            return _search(spec, opts, setup, runner)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
 
 
 def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: Any) -> Outcome:
