@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +27,7 @@ _spec.loader.exec_module(run_all)
 # search_cost reuses article_table's search, so they share a group; the groups take about as long.
 GROUPS = (("article_table", "search_cost", "process_settings"), ("cpu_lstm", "accelerator", "allocators", "cache_memory"))
 MACHINE_KEYS = {"cpu_model", "usable_cpus", "memory_bytes", "torch", "described", "fingerprint"}
+TIMEOUT = 1200  # a hang's limit; on a quiet 2-CPU machine the whole module takes a few minutes
 ROW_KEYS = {"epoch_s", "setup_s", "total_s", "first_over_steady", "runs", "repeats"}
 
 
@@ -39,8 +42,16 @@ def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
 
     def group(names):
-        return subprocess.run([sys.executable, str(BENCH / "run_all.py"), "--quick", "--results", str(tmp),
-                               "--only", *names], capture_output=True, text=True, timeout=560, cwd=str(REPO))
+        proc = subprocess.Popen([sys.executable, str(BENCH / "run_all.py"), "--quick", "--results", str(tmp),
+                                 "--only", *names], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=str(REPO), start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT - 60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # run_all and the script it was running, with its workers
+            out, err = proc.communicate()
+        print(out.rstrip().split("\n\n")[-1], flush=True)  # run_all's seconds per script
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     with ThreadPoolExecutor(len(GROUPS)) as pool:
         procs = dict(zip(GROUPS, pool.map(group, GROUPS)))
@@ -55,7 +66,7 @@ def results(tmp_path_factory):
 def _check(results, name):
     proc, data = results[name]
     assert data is not None, f"{name} wrote no JSON:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
-    assert proc.returncode == 0, f"a script of {name}'s group failed:\n{proc.stderr[-3000:]}"
+    assert f"{name} FAILED" not in proc.stdout, f"{name} failed:\n{proc.stderr[-3000:]}"
     assert f"## {name}" in proc.stdout
     assert data["benchmark"] == name and data["quick"] is True
     assert MACHINE_KEYS <= set(data["machine"])
@@ -65,7 +76,7 @@ def _check(results, name):
 
 
 @pytest.mark.bench
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TIMEOUT)
 def test_article_table(results):
     data = _check(results, "article_table")
     assert set(data["rows"]) == {"A", "B", "C", "D", "autotune", "oracle"}
@@ -80,7 +91,7 @@ def test_article_table(results):
 
 
 @pytest.mark.bench
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TIMEOUT)
 def test_search_cost(results):
     data = _check(results, "search_cost")
     assert {"value_s", "config"} <= set(data["oracle"])
@@ -91,10 +102,10 @@ def test_search_cost(results):
 
 
 @pytest.mark.bench
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TIMEOUT)
 def test_process_settings(results):
     data = _check(results, "process_settings")
-    assert len(data["paths"]) == 3
+    assert data["paths"], "--quick searches one loading path"
     for path in data["paths"]:
         assert {"path", "picked", "allocator", "epoch_s", "default_epoch_s", "search_s"} <= set(path)
     assert set(data["article"]["rows"]) == {"with process settings", "glibc defaults only"}
@@ -103,7 +114,7 @@ def test_process_settings(results):
 
 
 @pytest.mark.bench
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TIMEOUT)
 def test_cpu_lstm(results):
     data = _check(results, "cpu_lstm")
     assert set(data["rows"]) == {"default", "autotune"}
@@ -113,7 +124,7 @@ def test_cpu_lstm(results):
 
 
 @pytest.mark.bench
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TIMEOUT)
 def test_accelerator(results):
     data = _check(results, "accelerator")
     assert data["compute"]
@@ -125,7 +136,7 @@ def test_accelerator(results):
 
 
 @pytest.mark.bench
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TIMEOUT)
 def test_allocators(results):
     data = _check(results, "allocators")
     assert [r["row"] for r in data["rows"]] == ["jpeg-0", "memory-0", "memory-2p"]
@@ -140,7 +151,7 @@ def test_allocators(results):
 
 
 @pytest.mark.bench
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(TIMEOUT)
 def test_cache_memory(results):
     data = _check(results, "cache_memory")
     assert set(data["runs"]) == {"memory cache", "naive list"}

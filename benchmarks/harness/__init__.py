@@ -1,6 +1,6 @@
 """The one benchmark harness: every script in ``benchmarks/`` measures through these modules.
 
-How a configuration is measured (docs/architecture.md, "Measuring on small machines"):
+How a configuration is measured (docs/architecture.md §3 and "Measuring on small machines"):
 
 - a fresh Python process per run (``fresh.run_fresh``): allocator state, thread pools and worker
   start-up never carry over; a preloaded allocator is put in the environment it starts with;
