@@ -29,8 +29,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# Every script in benchmarks/ (about 35 minutes on 2 CPUs); `make bench BENCH_ARGS=--quick` is the smoke test.
 bench: $(STAMP)
-	$(BIN)/python benchmarks/run_all.py
+	$(BIN)/python benchmarks/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .autotune autotune.json examples/data

@@ -1,17 +1,23 @@
-"""``make bench``: the issue-5 benchmarks that fit in about 20 minutes on a 2-CPU machine, in order.
+"""``make bench``: every benchmark script, in order, each writing benchmarks/results/<name>.json.
 
-1. article_table.py  2000 JPEGs, 3 epochs; 90 s search; 90-point grid on the search's plan; 6 rows x 3
-                     interleaved repeats + one memory pass each                      (~10-11 min)
-2. search_cost.py    reuses step 1's search and grid (``--reuse``); a RandomSampler study given as
-                     long as autotune's search                                         (~1.5-2 min)
-3. cpu_lstm.py       1000 reviews, 3 epochs; 60 s search; 2 rows x 3 repeats           (~3 min)
-4. accelerator.py    1000 JPEGs, 3 epochs; compute 20/60/150 ms per batch; 40 s search each; 3 rows
-                     x 2 repeats                                                        (~4-5 min)
+Minutes are those of the 2-CPU machine the README quotes (each result's ``wall_s``):
 
-Each script prints its Markdown table (passed through here) and writes benchmarks/results/<name>.json.
-Timings are only worth quoting from a quiet machine (see docs/architecture.md, "Measuring on small machines").
+1. article_table.py     2000 JPEGs, 3 epochs; 90 s search; 90-point grid on the search's plan; 6 rows x 3
+                        interleaved repeats + one memory pass each                          (~20 min)
+2. search_cost.py       reuses step 1's search and grid (``--reuse``); a RandomSampler study given as
+                        long as autotune's search                                            (~1.5 min)
+3. cpu_lstm.py          1000 reviews, 3 epochs; 60 s search; 2 rows x 3 repeats               (~2 min)
+4. accelerator.py       1000 JPEGs, 3 epochs; compute 20/60/150 ms per batch; 40 s search each; 3 rows
+                        x 2 repeats                                                           (~5 min)
+5. allocators.py        3 loader paths x 4 allocators x 3 fresh processes                     (~3 min)
+6. process_settings.py  5 searches of 60 s; 2 recipes x 3 repeats                             (~4 min)
+7. cache_memory.py      800 samples in the memory cache, 0 and 4 forked workers, PSS           (~1 min)
 
-    python benchmarks/run_all.py [--quick] [--only article_table cpu_lstm ...]
+Each script prints its Markdown table (passed through here). Timings are only worth quoting from a quiet
+machine (see docs/architecture.md, "Measuring on small machines"). ``--quick`` runs every script's smoke
+test mode (tests/test_benchmarks_smoke.py runs it).
+
+    python benchmarks/run_all.py [--quick] [--only article_table cpu_lstm ...] [--results DIR]
 """
 
 from __future__ import annotations
@@ -24,7 +30,18 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("article_table", "search_cost", "cpu_lstm", "accelerator")
+ORDER = ("article_table", "search_cost", "cpu_lstm", "accelerator", "allocators", "process_settings",
+         "cache_memory")
+
+
+def command(name: str, args: argparse.Namespace, work: Path, failed: list[str]) -> list[str]:
+    cmd = [sys.executable, str(HERE / f"{name}.py"), *(["--quick"] if args.quick else []),
+           "--workdir", str(work / name)]
+    if name == "search_cost" and "article_table" in args.only and "article_table" not in failed:
+        cmd += ["--reuse", str(work / "article_table")]
+    if args.results:
+        cmd += ["--output", str(Path(args.results) / f"{name}.json")]
+    return cmd
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,22 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=None, help="folder for the JSON files (default benchmarks/results)")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-all-"))
-    extra = ["--quick"] if args.quick else []
     spent: dict[str, float] = {}
     failed: list[str] = []
-    for name in ORDER:
-        if name not in args.only:
-            continue
-        cmd = [sys.executable, str(HERE / f"{name}.py"), *extra]
-        if name == "article_table":
-            cmd += ["--workdir", str(work / "article")]
-        elif name == "search_cost" and "article_table" in args.only and "article_table" not in failed:
-            cmd += ["--reuse", str(work / "article")]
-        if args.results:
-            cmd += ["--output", str(Path(args.results) / f"{name}.json")]
+    for name in (n for n in ORDER if n in args.only):
         print(f"\n## {name}\n", flush=True)
         t0 = time.perf_counter()
-        rc = subprocess.call(cmd)
+        rc = subprocess.call(command(name, args, work, failed))
         spent[name] = time.perf_counter() - t0
         if rc != 0:
             failed.append(name)

@@ -24,9 +24,18 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common as C  # noqa: E402
-import article_table as A  # noqa: E402
+import optuna
+
+import article_table as A
+from harness import EXAMPLES, oracle, output
+from harness.workloads import BATCH, EPOCHS, jpeg_dataset
+
+# After harness, which puts the checkout's autotune first on sys.path.
+from autotune.machine._cpus import usable_cpus
+from autotune.machine._memory import default_budget
+from autotune.tuner._candidates import Limits, build_space, disk_free
+from autotune.tuner._measure import Workload
+from autotune.tuner._runner import Runner, TrialFailed
 
 NAME = "search_cost"
 WITHIN = 0.05
@@ -53,20 +62,12 @@ def first_found(trials: list[dict], grid: list[dict], target: float, start: floa
 
 def random_search(state: dict, budget: float, seed: int, work: Path) -> tuple[list[dict], float]:
     """An Optuna RandomSampler study over autotune's space, driven through Runner.run on the same plan."""
-    import optuna
-
-    from autotune.tuner._candidates import Limits, build_space, disk_free
-    from autotune.machine._cpus import usable_cpus
-    from autotune.tuner._measure import Workload
-    from autotune.machine._memory import default_budget
-    from autotune.tuner._runner import Runner, TrialFailed
-
     probe, plan = state["probe"], state["plan"]
-    dataset = A.jpeg_dataset(state["images"])
     limits = Limits(usable_cpus=usable_cpus(), memory_budget=default_budget(), disk_free=disk_free(work))
-    space = build_space(probe, limits)  # as autotune.preparation builds the searched space
-    workload = Workload(dataset=dataset, batch_size=A.BATCH, epochs=A.EPOCHS, fingerprint=probe.fingerprint)
-    runner = Runner(workload, [str(C.EXAMPLES)], memory_limit=limits.memory_budget)
+    space = build_space(probe, limits)  # as autotune's preparation builds the searched space
+    workload = Workload(dataset=jpeg_dataset(state["images"]), batch_size=BATCH, epochs=EPOCHS,
+                        fingerprint=probe.fingerprint)
+    runner = Runner(workload, [str(EXAMPLES)], memory_limit=limits.memory_budget)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.RandomSampler(seed=seed))
     start = time.time()
@@ -99,88 +100,77 @@ def random_search(state: dict, budget: float, seed: int, work: Path) -> tuple[li
         durations.append(time.perf_counter() - t0)
         entry.update(complete=time.time(), duration_s=durations[-1])
         trials.append(entry)
-        C.say(f"random {trial.number}: {config.describe()} -> "
-              f"{entry['value'] if entry['value'] is None else round(entry['value'], 2)}")
+        output.say(f"random {trial.number}: {config.describe()} -> "
+                   f"{entry['value'] if entry['value'] is None else round(entry['value'], 2)}")
     return trials, start
 
 
+def method(trials: list[dict], hit: dict | None, found: dict | None, grid_cost: float, **extra) -> dict:
+    """One method's result: its first trial within 5% by its own figure, and by the grid's."""
+    return {**extra, "hit": hit, "seconds_to_within": hit["seconds_from_start"] if hit else None,
+            "share_of_grid": hit["seconds_from_start"] / grid_cost if hit else None, "found": found,
+            "seconds_to_found": found["seconds_from_start"] if found else None, "trials": trials}
+
+
+def table_row(label: str, trials: list[dict], hit: dict | None, found: dict | None, grid_cost: float,
+              wall: float) -> list[str]:
+    def reach(h: dict | None) -> str:
+        return f"{h['seconds_from_start']:.0f} s ({100 * h['seconds_from_start'] / grid_cost:.0f}% of the grid)" \
+            if h else "not reached"
+
+    measured = [t for t in trials if t["state"] == "COMPLETE" and not t.get("repeat")]
+    return [label, reach(hit), reach(found), f"{wall:.0f}", str(len(measured)),
+            f"{min((t['value'] for t in measured), default=float('nan')):.2f}"]
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = C.parser(__doc__, NAME)
+    p = output.parser(__doc__, NAME)
     p.add_argument("--reuse", default=None, help="article_table.py's --workdir, to reuse its search and grid")
     p.add_argument("--images", type=int, default=2000)
     p.add_argument("--budget", type=float, default=90.0, help="autotune search budget when not reused, seconds")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.quick:
-        args.images = min(args.images, 128)
-        args.budget = min(args.budget, 8.0)
+        args.images, args.budget = min(args.images, 128), min(args.budget, 8.0)
     started = time.perf_counter()
     if args.reuse:
         work = Path(args.reuse)
     else:
-        work = C.workdir(args.workdir, NAME)
-        A.jpeg_dataset(args.images)
+        work = output.workdir(args.workdir, NAME)
+        jpeg_dataset(args.images)
         A.search_and_grid(args, work)
     with open(work / A.STATE, "rb") as f:
         state = pickle.load(f)
-    grid = state["grid"]
-    best = C.best_point(grid)
-    oracle = best["value"]
-    target = oracle * (1 + WITHIN)
+    grid, search = state["grid"], state["search"]
+    best = oracle.best_point(grid)
+    target = best["value"] * (1 + WITHIN)
     grid_cost = sum(e["duration_s"] for e in grid)
-    search = state["search"]
-    autotune_hit = first_within(state["trial_log"], target, search["started_epoch_s"])
     budget = search["wall_s"]
-    C.say(f"random sampler for {budget:.0f} s (autotune's whole search) ...")
+    output.say(f"random sampler for {budget:.0f} s (autotune's whole search) ...")
     random_trials, random_start = random_search(state, budget, args.seed, work)
-    random_hit = first_within(random_trials, target, random_start)
-    autotune_found = first_found(state["trial_log"], grid, target, search["started_epoch_s"])
-    random_found = first_found(random_trials, grid, target, random_start)
-    complete = len(grid) > 2
-
-    def reach(hit: dict | None) -> str:
-        return f"{hit['seconds_from_start']:.0f} s ({100 * hit['seconds_from_start'] / grid_cost:.0f}% of the grid)" \
-            if hit else "not reached"
-
-    auto_measured = [t for t in state["trial_log"] if t["state"] == "COMPLETE" and not t.get("repeat")]
-    rand_measured = [t for t in random_trials if t["state"] == "COMPLETE" and not t.get("repeat")]
-    table = C.markdown_table(
+    auto = (state["trial_log"], first_within(state["trial_log"], target, search["started_epoch_s"]),
+            first_found(state["trial_log"], grid, target, search["started_epoch_s"]))
+    rand = (random_trials, first_within(random_trials, target, random_start),
+            first_found(random_trials, grid, target, random_start))
+    table = output.markdown_table(
         ["method", "time to within 5% of the oracle (own figure)", "time to measure a point the grid puts within 5%",
          "whole run, s", "points measured", "best figure, s"],
-        [["autotune (TPE, priors, pruning, finalists)", reach(autotune_hit), reach(autotune_found),
-          f"{search['wall_s']:.0f}", str(len(auto_measured)),
-          f"{min((t['value'] for t in auto_measured), default=float('nan')):.2f}"],
-         ["Optuna RandomSampler, same time", reach(random_hit), reach(random_found), f"{budget:.0f}",
-          str(len(rand_measured)), f"{min((t['value'] for t in rand_measured), default=float('nan')):.2f}"],
+        [table_row("autotune (TPE, priors, pruning, finalists)", *auto, grid_cost, search["wall_s"]),
+         table_row("Optuna RandomSampler, same time", *rand, grid_cost, budget),
          ["exhaustive grid (the oracle)", f"{grid_cost:.0f} s to measure all", "–", f"{grid_cost:.0f}", str(len(grid)),
-          f"{oracle:.2f}"]])
-    notes = [f"oracle: {best['describe']}, {oracle:.2f} s predicted for {state['images']} JPEGs x {A.EPOCHS} epochs "
-             f"(one measurement per point, on the search's plan of {len(state['plan'].indices)} samples).",
-             "Figures are single trial measurements: a trial can land within 5% by noise; the spread of one "
-             "configuration here is 5-18%."]
-    if not complete:
-        notes.append("--quick: a 2-point grid, not an oracle; a smoke test, not a result.")
-    print(table + "\n\n" + "\n".join(f"- {n}" for n in notes))
-    path = C.write_json(NAME, {
-        "quick": args.quick, "repeats": 1, "images": state["images"], "within": WITHIN,
-        "oracle": {"value_s": oracle, "config": best["config"], "describe": best["describe"]},
-        "grid": {"points": len(grid), "cost_s": grid_cost, "space": state["grid_space"], "complete": complete},
-        "autotune": {"wall_s": search["wall_s"], "budget_s": search["budget_s"], "hit": autotune_hit,
-                     "seconds_to_within": autotune_hit["seconds_from_start"] if autotune_hit else None,
-                     "share_of_grid": autotune_hit["seconds_from_start"] / grid_cost if autotune_hit else None,
-                     "found": autotune_found,
-                     "seconds_to_found": autotune_found["seconds_from_start"] if autotune_found else None,
-                     "trials": state["trial_log"]},
-        "random": {"budget_s": budget, "seed": args.seed, "hit": random_hit,
-                   "seconds_to_within": random_hit["seconds_from_start"] if random_hit else None,
-                   "share_of_grid": random_hit["seconds_from_start"] / grid_cost if random_hit else None,
-                   "found": random_found,
-                   "seconds_to_found": random_found["seconds_from_start"] if random_found else None,
-                   "trials": random_trials},
-        "table_markdown": table, "notes": notes, "wall_s": time.perf_counter() - started,
-    }, args.output)
-    C.say(f"written {path} ({time.perf_counter() - started:.0f} s)")
-    return 0
+          f"{best['value']:.2f}"]])
+    notes = [(f"oracle: {best['describe']}, {best['value']:.2f} s predicted for {state['images']} JPEGs x {EPOCHS} "
+             f"epochs (one measurement per point, on the search's plan of {len(state['plan'].indices)} samples)."),
+             ("Figures are single trial measurements: a trial can land within 5% by noise; the spread of one "
+             "configuration here is 5-18%.")]
+    if len(grid) <= 2:
+        notes.append("a 2-point grid, not an oracle.")
+    return output.finish(NAME, args, started, [table], notes, {
+        "repeats": 1, "images": state["images"], "within": WITHIN,
+        "oracle": {"value_s": best["value"], "config": best["config"], "describe": best["describe"]},
+        "grid": {"points": len(grid), "cost_s": grid_cost, "space": state["grid_space"], "complete": len(grid) > 2},
+        "autotune": method(*auto, grid_cost, wall_s=search["wall_s"], budget_s=search["budget_s"]),
+        "random": method(*rand, grid_cost, budget_s=budget, seed=args.seed)})
 
 
 if __name__ == "__main__":

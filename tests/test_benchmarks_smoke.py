@@ -1,12 +1,16 @@
-"""Each issue-5 benchmark's --quick mode end to end, in subprocesses: it runs, prints a table, and writes
-JSON with the expected keys. Timing values are not checked (they are only meaningful on a quiet machine).
+"""Every benchmark's --quick mode end to end, through ``benchmarks/run_all.py --quick`` (what ``make bench``
+runs, in smoke-test sizes): each script runs, prints a table, and writes JSON with the expected keys.
+Timing values are not checked (they are only meaningful on a quiet machine).
 
-Slow on a loaded machine; ``-m "not bench"`` skips it. The four scripts run two at a time.
+Slow on a loaded machine; ``-m "not bench"`` skips it. The scripts run in two groups side by side.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -14,55 +18,65 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.bench, pytest.mark.timeout(600)]
-
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
-MACHINE_KEYS = {"cpu_model", "usable_cpus", "memory_bytes", "torch"}
+_spec = importlib.util.spec_from_file_location("run_all", BENCH / "run_all.py")
+run_all = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(run_all)
+
+# search_cost reuses article_table's search, so they share a group; the groups take about as long.
+GROUPS = (("article_table", "search_cost", "process_settings"), ("cpu_lstm", "accelerator", "allocators", "cache_memory"))
+MACHINE_KEYS = {"cpu_model", "usable_cpus", "memory_bytes", "torch", "described", "fingerprint"}
+TIMEOUT = 1200  # a hang's limit; on a quiet 2-CPU machine the whole module takes a few minutes
+ROW_KEYS = {"epoch_s", "setup_s", "total_s", "first_over_steady", "runs", "repeats"}
 
 
-def _run(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(BENCH / f"{name}.py"), "--quick", *args],
-                          capture_output=True, text=True, timeout=500, cwd=str(REPO))
+def test_run_all_runs_every_script():
+    scripts = {p.stem for p in BENCH.glob("*.py")} - {"run_all"}
+    assert set(run_all.ORDER) == scripts
+    assert {name for group in GROUPS for name in group} == scripts
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
 
-    def article_then_cost():
-        a = _run("article_table", "--workdir", str(tmp / "article"), "--output", str(tmp / "article_table.json"))
-        s = _run("search_cost", "--reuse", str(tmp / "article"), "--output", str(tmp / "search_cost.json"))
-        return {"article_table": a, "search_cost": s}
+    def group(names):
+        proc = subprocess.Popen([sys.executable, str(BENCH / "run_all.py"), "--quick", "--results", str(tmp),
+                                 "--only", *names], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=str(REPO), start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT - 60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # run_all and the script it was running, with its workers
+            out, err = proc.communicate()
+        print(out.rstrip().split("\n\n")[-1], flush=True)  # run_all's seconds per script
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
-    def the_others():
-        return {name: _run(name, "--workdir", str(tmp / name), "--output", str(tmp / f"{name}.json"))
-                for name in ("cpu_lstm", "accelerator")}
-
-    with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(article_then_cost), pool.submit(the_others)]
-        procs = {k: v for f in futures for k, v in f.result().items()}
+    with ThreadPoolExecutor(len(GROUPS)) as pool:
+        procs = dict(zip(GROUPS, pool.map(group, GROUPS)))
     out = {}
-    for name, proc in procs.items():
-        path = tmp / f"{name}.json"
-        out[name] = (proc, json.loads(path.read_text()) if path.exists() else None)
+    for names, proc in procs.items():
+        for name in names:
+            path = tmp / f"{name}.json"
+            out[name] = (proc, json.loads(path.read_text()) if path.exists() else None)
     return out
 
 
 def _check(results, name):
     proc, data = results[name]
-    assert proc.returncode == 0, f"{name} failed:\n{proc.stderr[-3000:]}"
-    assert "|---" in proc.stdout, "a Markdown table is printed"
-    assert data is not None
+    assert data is not None, f"{name} wrote no JSON:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    assert f"{name} FAILED" not in proc.stdout, f"{name} failed:\n{proc.stderr[-3000:]}"
+    assert f"## {name}" in proc.stdout
     assert data["benchmark"] == name and data["quick"] is True
     assert MACHINE_KEYS <= set(data["machine"])
-    assert {"repeats", "table_markdown", "notes", "wall_s"}.issubset(data)
+    assert {"repeats", "table_markdown", "notes", "wall_s", "date"} <= set(data)
+    assert "|---" in data["table_markdown"] and data["table_markdown"] in proc.stdout
     return data
 
 
-ROW_KEYS = {"epoch_s", "setup_s", "total_s", "first_over_steady", "runs", "repeats"}
-
-
+@pytest.mark.bench
+@pytest.mark.timeout(TIMEOUT)
 def test_article_table(results):
     data = _check(results, "article_table")
     assert set(data["rows"]) == {"A", "B", "C", "D", "autotune", "oracle"}
@@ -72,32 +86,76 @@ def test_article_table(results):
         assert row["peak_pss_bytes"], f"{name}: the memory pass gave a peak"
         assert row["runs"][0]["eviction"]["before_epoch1"]["files"] > 0
     assert "autotune_over_row" in data["rows"]["A"]
-    assert {"wall_s", "config", "trial_log", "study"}.issubset(data["search"])
-    assert {"points", "cost_s", "best", "evaluated"}.issubset(data["grid"])
+    assert {"wall_s", "config", "trial_log", "study", "measured"} <= set(data["search"])
+    assert {"points", "cost_s", "best", "evaluated"} <= set(data["grid"])
 
 
+@pytest.mark.bench
+@pytest.mark.timeout(TIMEOUT)
 def test_search_cost(results):
     data = _check(results, "search_cost")
-    assert {"value_s", "config"}.issubset(data["oracle"])
-    assert {"points", "cost_s"}.issubset(data["grid"])
+    assert {"value_s", "config"} <= set(data["oracle"])
+    assert {"points", "cost_s"} <= set(data["grid"])
     for method in ("autotune", "random"):
-        assert {"seconds_to_within", "share_of_grid", "trials"}.issubset(data[method])
+        assert {"seconds_to_within", "share_of_grid", "seconds_to_found", "trials"} <= set(data[method])
     assert data["random"]["trials"], "the random sampler measured something"
 
 
+@pytest.mark.bench
+@pytest.mark.timeout(TIMEOUT)
+def test_process_settings(results):
+    data = _check(results, "process_settings")
+    assert data["paths"], "--quick searches one loading path"
+    for path in data["paths"]:
+        assert {"path", "picked", "allocator", "epoch_s", "default_epoch_s", "search_s"} <= set(path)
+    assert set(data["article"]["rows"]) == {"with process settings", "glibc defaults only"}
+    for row in data["article"]["rows"].values():
+        assert ROW_KEYS <= set(row)
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(TIMEOUT)
 def test_cpu_lstm(results):
     data = _check(results, "cpu_lstm")
     assert set(data["rows"]) == {"default", "autotune"}
     for row in data["rows"].values():
         assert ROW_KEYS | {"later_epochs_s", "torch_threads"} <= set(row)
-    assert {"wall_s", "config"}.issubset(data["search"])
+    assert {"wall_s", "config", "measured"} <= set(data["search"])
 
 
+@pytest.mark.bench
+@pytest.mark.timeout(TIMEOUT)
 def test_accelerator(results):
     data = _check(results, "accelerator")
     assert data["compute"]
     for entry in data["compute"]:
         assert set(entry["rows"]) == {"default", "B", "autotune"}
         for row in entry["rows"].values():
-            assert {"utilisation", "utilisation_epochs_only", "total_s"}.issubset(row)
+            assert {"utilisation", "utilisation_epochs_only", "total_s"} <= set(row)
             assert 0 < row["utilisation"]["median"] <= 1.0
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(TIMEOUT)
+def test_allocators(results):
+    data = _check(results, "allocators")
+    assert [r["row"] for r in data["rows"]] == ["jpeg-0", "memory-0", "memory-2p"]
+    assert {"glibc", "glibc-tuned"} <= set(data["columns"])
+    assert {"libc", "libraries"} <= set(data["machine"])
+    for row in data["rows"]:
+        assert set(row["cells"]) == set(data["columns"])
+        for column, cell in row["cells"].items():
+            assert {"median_s", "min_s", "max_s", "main_cpu_s", "main_faults"} <= set(cell)
+            assert [len(epochs) for epochs in cell["epoch_s"]] == [2]
+            assert cell["active_allocator"] == (column if column in ("tcmalloc", "jemalloc") else "glibc")
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(TIMEOUT)
+def test_cache_memory(results):
+    data = _check(results, "cache_memory")
+    assert set(data["runs"]) == {"memory cache", "naive list"}
+    for run in data["runs"].values():
+        assert run["single"]["processes"] == 1
+        assert run["workers"]["processes"] == 1 + run["workers"]["workers"]
+        assert run["ratio"] > 0
