@@ -12,7 +12,7 @@ from autotune.machine import _hardware as hardware
 from autotune.machine._cpus import ranks_per_node as ranks_from
 from autotune._duration import parse_duration
 from autotune.errors import AutotuneError
-from autotune.recipe._factory import _UNSET, build_loader
+from autotune.recipe._factory import FROM_RECIPE, build_loader
 from autotune.recipe._file import Profile, RecipeFile, choose_profile
 from autotune.recipe._measured import Finalist, Measured, RunFigures, Subset
 from autotune.config import LoaderConfig
@@ -50,12 +50,13 @@ class Recipe:
     def measured(self) -> Measured:
         return self.profile.measured
 
-    def dataloader(self, dataset: Any, *, transform: Callable | None = None, cache: Any = _UNSET,
+    def dataloader(self, dataset: Any, *, transform: Callable | None = None, cache: str | None = FROM_RECIPE,
                    cache_dir: str | os.PathLike | None = None, apply_process_settings: bool = True,
                    progress: bool = True, **overrides: Any) -> DataLoader:
         """A DataLoader over ``dataset`` with this recipe's settings; keyword arguments win over the recipe.
 
-        ``cache="hdf5"`` (or None) forces a cache backend; ``transform`` runs after the cache every epoch;
+        ``cache="hdf5"`` (or None) forces a cache backend, ``"recipe"`` (the default) takes the recipe's;
+        ``transform`` runs after the cache every epoch;
         ``collate_fn``, ``shuffle``, ``sampler``, ``drop_last`` and the like pass through untouched.
         The loader's ``autotune`` attribute says where each setting came from and what was applied.
         ``loader_cls=StatefulDataLoader`` (torchdata) builds that class instead of torch's DataLoader.

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from autotune.config import LoaderConfig
 
 
 class TrainerArguments(NamedTuple):
@@ -13,14 +16,15 @@ class TrainerArguments(NamedTuple):
     not_carried: list[str]
 
 
-def trainer_arguments(config: Any) -> TrainerArguments:
-    """``config`` is a LoaderConfig."""
+def trainer_arguments(config: LoaderConfig) -> TrainerArguments:
+    """The recipe's loader settings as ``TrainingArguments`` fields (LoaderConfig's rules already leave the
+    worker-only ones unset without workers)."""
     workers = config.num_workers
     arguments = {
         "dataloader_num_workers": workers,
-        "dataloader_pin_memory": bool(config.pin_memory),
-        "dataloader_persistent_workers": bool(config.persistent_workers) if workers else False,
-        "dataloader_prefetch_factor": config.prefetch_factor if workers else None,
+        "dataloader_pin_memory": config.pin_memory,
+        "dataloader_persistent_workers": config.persistent_workers,
+        "dataloader_prefetch_factor": config.prefetch_factor,
     }
     lost = []
     if config.cache is not None:

@@ -27,7 +27,7 @@ log = logging.getLogger("autotune")
 
 TUNED_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "multiprocessing_context")
 WORKER_ONLY = tuple(k for k in _WORKER_ONLY if k in TUNED_KEYS)
-_UNSET: Any = object()
+FROM_RECIPE = "recipe"  # cache=: use the recipe's backend (the default); None: no cache; a name: that one
 _said: set[str] = set()  # what could not be applied is said once per process, not once per loader
 
 
@@ -67,9 +67,9 @@ def _resolve(profile: Any, overrides: dict[str, Any], cache: Any) -> tuple[Loade
             values[key], res.sources[key] = overrides.pop(key), "caller"
         else:
             res.sources[key] = "recipe"
-    if cache is not _UNSET:
+    if cache != FROM_RECIPE:
         values["cache"] = cache
-    res.sources["cache"] = "recipe" if cache is _UNSET else "caller"
+    res.sources["cache"] = "recipe" if cache == FROM_RECIPE else "caller"
     if not values["num_workers"]:
         for key in WORKER_ONLY:
             if res.sources.get(key) == "caller" and values[key] not in (None, False):
@@ -130,7 +130,7 @@ def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | Pa
                                 workers=workers)
 
 
-def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = None, cache: Any = _UNSET,
+def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = None, cache: str | None = FROM_RECIPE,
                  cache_dir: str | Path | None = None, apply_process_settings: bool = True,
                  progress: bool = True, loader_cls: type[DataLoader] = DataLoader, **overrides: Any) -> DataLoader:
     """A DataLoader over ``dataset`` with the profile's settings; see the module docstring for precedence.

@@ -124,20 +124,22 @@ def ask(study: optuna.Study) -> optuna.Trial:
 
 
 @contextlib.contextmanager
-def heartbeat(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
-    """Beat for ``trial`` now and every HEARTBEAT_S until the block ends (a thread; the trial itself runs in
-    another process, so the beat never waits for it). No-op on storages without heartbeats."""
-    storage = study._storage
-    if not hasattr(storage, "record_heartbeat") or not storage.get_heartbeat_interval():
+def heartbeat(storage: optuna.storages.BaseStorage, study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
+    """Beat for ``trial`` in ``storage`` (the study's) now and every HEARTBEAT_S until the block ends (a thread;
+    the trial itself runs in another process, so the beat never waits for it). No-op on storages without
+    heartbeats."""
+    if not isinstance(storage, optuna.storages.RDBStorage) or not storage.get_heartbeat_interval():
         yield
         return
     stop = threading.Event()
     interval = storage.get_heartbeat_interval()
+    trial_id = storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name(study.study_name), trial.number)
 
     def beat() -> None:
         while True:
             with contextlib.suppress(Exception):  # a lost connection: the next beat tries again
-                storage.record_heartbeat(trial._trial_id)
+                storage.record_heartbeat(trial_id)
             if stop.wait(interval):
                 return
 

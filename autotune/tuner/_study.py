@@ -213,7 +213,7 @@ def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: An
                 break
             trial = _storage.ask(study)
             counters["asked"] += 1
-            with _storage.heartbeat(study, trial):
+            with _storage.heartbeat(storage, study, trial):
                 _run_trial(study, trial, space, setup, runner, deadline, log_dir, shm_limited, durations,
                            counters)
             progress.update(_status(study))
