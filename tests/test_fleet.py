@@ -105,9 +105,9 @@ def _config(path: Path) -> dict:
 @pytest.mark.timeout(400)
 def test_two_searches_share_one_study_on_postgresql(tmp_path, postgres_url):  # noqa: F811
     (tmp_path / "slowish.py").write_text(textwrap.dedent(DATASET))
-    a = _search(tmp_path, postgres_url, "a", "--budget", "25s")
+    a = _search(tmp_path, postgres_url, "a", "--budget", "40s")
     time.sleep(2)
-    b = _search(tmp_path, postgres_url, "b", "--budget", "25s")
+    b = _search(tmp_path, postgres_url, "b", "--budget", "40s")
     finished: list[str] = []
     deadline = time.monotonic() + 300
     while len(finished) < 2 and time.monotonic() < deadline:
@@ -143,7 +143,8 @@ def test_two_searches_share_one_study_on_postgresql(tmp_path, postgres_url):  # 
     assert _config(tmp_path / f"{finished[-1]}.json") == _config(tmp_path / "a2.json")
     assert len(study.get_trials(deepcopy=False)) == len(trials)  # --resume-only measured nothing
     print(f"trials per search: {sorted(by_search.values())}; states: "
-          f"{sorted((s.name, sum(t.state == s for t in trials)) for s in {t.state for t in trials})}")
+          f"{sorted((s.name, sum(t.state == s for t in trials)) for s in {t.state for t in trials})}; reasons: "
+          f"{sorted({str(t.user_attrs.get('reason', ''))[:60] for t in trials if t.state != States.COMPLETE})}")
 
     # `autotune report` on a recipe naming a database without Optuna tables creates none there.
     other = postgres_url.rsplit("/", 1)[0] + "/postgres"

@@ -31,6 +31,21 @@ from autotune.config import LoaderConfig
 _INHERITED: Workload | None = None  # the fork fallback hands the workload over by inheritance
 
 
+_PRELOAD = ["torch", "autotune.tuner._measure"]
+
+
+def warm_forkserver() -> None:
+    """Start the trial forkserver now, so its import of torch overlaps the search's preparation instead of
+    delaying (and inflating the duration of) the first trial."""
+    try:
+        from multiprocessing import forkserver
+
+        multiprocessing.get_context("forkserver").set_forkserver_preload(_PRELOAD)
+        forkserver.ensure_running()
+    except Exception:  # noqa: BLE001 - no forkserver here: the runner falls back as it always did
+        pass
+
+
 class TrialFailed(Exception):
     """The candidate could not be measured; the message is the reason recorded on the trial."""
 
@@ -238,7 +253,7 @@ class Runner:
         try:
             self.blob: bytes | None = pickle.dumps(workload)
             self.ctx = multiprocessing.get_context("forkserver")
-            self.ctx.set_forkserver_preload(["torch", "autotune.tuner._measure"])
+            self.ctx.set_forkserver_preload(_PRELOAD)
             self.fork_fallback = False
         except Exception as exc:  # noqa: BLE001 - unpicklable user objects: lambdas, notebook classes
             if "fork" not in multiprocessing.get_all_start_methods():

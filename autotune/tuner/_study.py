@@ -25,7 +25,7 @@ from autotune.tuner._measure import Plan
 from autotune.machine._memory import format_bytes
 from autotune.tuner._preparation import Setup, prepare, with_subset
 from autotune.dataset._probe import Probe
-from autotune.tuner._runner import Runner, TrialFailed, TrialPruned
+from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, warm_forkserver
 from autotune.machine._shm import shm_rule
 from autotune.config import LoaderConfig
 from autotune.tuner._space import Space
@@ -158,6 +158,8 @@ def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: An
     started = time.monotonic()
     deadline = started + opts.budget
     storage = _storage.open_storage(_storage_url(opts))  # a bad URL fails before any time is spent
+    if runner is None:
+        warm_forkserver()
     setup = setup or prepare(spec, opts)
     hw, probe, limits, space, plan = setup.hardware, setup.probe, setup.limits, setup.space, setup.plan
     trial_seconds = setup.trial_seconds
