@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
+
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +14,6 @@ import pytest
 from autotune.recipe import _allocator as allocator
 from autotune.recipe._allocator import (
     ALLOCATORS,
-    MalloptWorkerInit,
     apply_mallopt,
     availability,
     find_library,
@@ -144,22 +143,6 @@ def test_active_allocator_sees_preload(name):
     if path is None:
         pytest.skip(f"{name} is not installed here (apt-get install {allocator.PACKAGES[name]})")
     assert run_faults("plain", child_env(LD_PRELOAD=path))["active"] == name
-
-
-def _record(worker_id: int) -> None:
-    os.environ["RECORDED_WORKER"] = str(worker_id)
-
-
-def test_mallopt_worker_init_pickles_and_chains(monkeypatch):
-    monkeypatch.delenv("RECORDED_WORKER", raising=False)
-    calls = []
-    # mallopt's effect is tested in child processes; keep this (pytest's) process untouched.
-    monkeypatch.setattr(allocator, "apply_mallopt", lambda *a: calls.append(a) or True)
-    init = pickle.loads(pickle.dumps(MalloptWorkerInit(chain=_record)))
-    assert init.mmap_threshold == allocator.DEFAULT_MMAP_THRESHOLD
-    init(3)
-    assert calls == [(allocator.DEFAULT_MMAP_THRESHOLD, allocator.DEFAULT_TRIM_THRESHOLD)]
-    assert os.environ["RECORDED_WORKER"] == "3"
 
 
 def test_mallopt_rejects_values_glibc_cannot_take():

@@ -190,7 +190,7 @@ def test_fits_page_cache():
     assert fits_page_cache(2 << 30, available=4 << 30, reserve=2 << 30)
     assert not fits_page_cache((2 << 30) + 1, available=4 << 30, reserve=2 << 30)
     assert not fits_page_cache(10_000_000 * (1 << 20))  # ten million samples of 1 MiB: nowhere
-    assert isinstance(fits_page_cache(1), bool)
+    assert fits_page_cache(1) is True
 
 
 def test_generated_data_opens_no_files():

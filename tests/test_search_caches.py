@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import optuna
@@ -60,7 +61,7 @@ def test_a_slow_dataset_read_for_many_epochs_gets_a_cache(tmp_path):
     out = tmp_path / "autotune.json"
     recipe, outcome = search_spec(spec_for(Numbers(64, delay=0.01), epochs=30), opts(tmp_path, 30), out)
     assert recipe.config.cache is not None, outcome.finalists
-    assert recipe.profile.cache["backend"] == recipe.config.cache
+    assert json.loads(out.read_text())["profiles"][recipe.profile.fingerprint]["config"]["cache"] == recipe.config.cache
     # The factory builds the full cache on first use, then reuses it.
     root = tmp_path / "caches"
     first = [s for b in recipe.dataloader(Numbers(64), cache_dir=root, shuffle=False) for s in b[1].tolist()]

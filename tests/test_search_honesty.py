@@ -57,7 +57,7 @@ def test_stateful_datasets_never_get_persistent_workers(tmp_path):
 def test_a_small_dev_shm_rules_worker_candidates_out(tmp_path, monkeypatch):
     # The free space of /dev/shm is this machine's configuration, read once before the search.
     monkeypatch.setattr(preparation, "shm_free", lambda: 8 << 20)
-    recipe, outcome = search_spec(spec_for(FourMegabyteBatches(32)), opts(tmp_path, 10), None)
+    recipe, outcome = search_spec(spec_for(FourMegabyteBatches(32)), opts(tmp_path, 300, max_trials=3), None)
     ruled_out = [t.user_attrs["reason"] for t in trials(outcome) if t.state == optuna.trial.TrialState.FAIL]
     assert ruled_out and all("of /dev/shm" in r and "bus error" in r for r in ruled_out)
     assert any(n.startswith("/dev/shm limits this machine") for n in outcome.notes)

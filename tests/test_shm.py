@@ -57,9 +57,12 @@ def test_shm_free_on_this_machine(tmp_path):
     if not os.path.isdir("/dev/shm"):
         assert free is None
     else:
-        assert isinstance(free, int) and free >= 0
+        st = os.statvfs("/dev/shm")  # other processes write there too: free space is bounded, not fixed
+        assert free is not None and 0 <= free <= st.f_blocks * st.f_frsize
     assert shm_free(tmp_path / "absent") is None
-    assert isinstance(shm_free(tmp_path), int)
+    st = os.statvfs(tmp_path)
+    free_here = shm_free(tmp_path)
+    assert free_here is not None and 0 <= free_here <= st.f_blocks * st.f_frsize
 
 
 @pytest.mark.parametrize("workers,prefetch", [(1, 1), (2, 4), (8, 8)])

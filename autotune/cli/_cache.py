@@ -18,7 +18,7 @@ def _size(n: int | None) -> str:
     return f"{n:.1f} TiB"  # pragma: no cover
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("cache", help="list or clear the sample caches under .autotune/cache")
     actions = p.add_subparsers(dest="cache_action", metavar="ACTION")
     actions.required = True

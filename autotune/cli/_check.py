@@ -14,7 +14,7 @@ from autotune.errors import HardwareMismatch, RecipeError
 from autotune.recipe._file import RecipeFile, choose_profile, regenerate_command
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "check",
         help="exit 0 if the recipe was tuned on this machine, 3 if not",

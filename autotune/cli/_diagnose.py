@@ -32,11 +32,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 
 from autotune.errors import AutotuneError
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "diagnose",
         help="measure where the loading time goes and say what can help",
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress():
+def _progress() -> Callable[[str], None] | None:
     if not sys.stderr.isatty():
         return None
 

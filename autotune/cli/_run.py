@@ -17,6 +17,7 @@ import shlex
 import sys
 import warnings
 from collections.abc import Mapping
+from typing import TextIO
 
 from autotune.errors import AutotuneError
 from autotune.recipe._process import ProcessSettings, launch_env
@@ -28,7 +29,7 @@ class CommandNotFound(AutotuneError):
     exit_code = 127
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "run",
         help="start a command with the recipe's process settings (allocator, threads) applied",
@@ -79,8 +80,8 @@ def start(
     base_env: Mapping[str, str] | None = None,
     dry_run: bool = False,
     notes: list[str] | None = None,
-    out=None,
-    err=None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
 ) -> int:
     """Start ``cmd`` with ``settings`` applied (exec: does not return), or print what would run.
 

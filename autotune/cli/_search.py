@@ -51,7 +51,7 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("search", help="tune the DataLoader for a dataset file and write the recipe")
     add_search_arguments(p)
     p.add_argument("--output", "-o", default="autotune.json", help="recipe file (default autotune.json)")

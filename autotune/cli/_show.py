@@ -16,7 +16,7 @@ _LABEL = 12  # column where values start, after "    label   "
 _INDENT = 4
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "show",
         help="show the recipe file readably",

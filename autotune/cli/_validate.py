@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import argparse
 
+from typing import TYPE_CHECKING
+
 from autotune._duration import format_seconds
 from autotune.errors import AutotuneError
 
+if TYPE_CHECKING:
+    from autotune._api import Recipe
+    from autotune.dataset._userfile import UserSpec
+    from autotune.recipe._validate import Validation
 
-def register(sub: argparse._SubParsersAction) -> None:
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("validate", help="run the recipe for real: predicted against measured epoch times",
                        description="Run the recipe over the dataset: a cold first epoch and a warm one; print "
                        "predicted against measured with the error in percent, and store it in the recipe.")
@@ -40,7 +47,7 @@ def _fraction(value: float | None) -> str:
     return "unknown" if value is None else f"{100 * value:.0f}%"
 
 
-def summary(v, recipe_path: str, stored: bool) -> str:
+def summary(v: Validation, recipe_path: str | None, stored: bool) -> str:
     lines = []
     for note in v.notes:
         lines.append(f"note: {note}")
@@ -70,7 +77,7 @@ def summary(v, recipe_path: str, stored: bool) -> str:
     return "\n".join(lines)
 
 
-def validate_spec(recipe, spec, *, recipe_path: str | None, data_dir: str | None = None,
+def validate_spec(recipe: Recipe, spec: UserSpec, *, recipe_path: str | None, data_dir: str | None = None,
                   max_batches: int | None = None, epochs: int = 2, seed: int = 0) -> str:
     """Run ``recipe`` for real on the dataset file's spec, store the result when given a recipe path, and
     return the summary to print (shared by `autotune validate` and `autotune search --validate`)."""

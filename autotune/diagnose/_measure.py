@@ -98,7 +98,7 @@ def _one_thread(_worker_id: int) -> None:
     torch.set_num_threads(1)  # a forked worker must not enter an OpenMP parallel region
 
 
-class _Batches(Dataset):
+class _Batches(Dataset[Any]):
     """``count`` items cycling over pre-made batches; each item is a fresh copy."""
 
     def __init__(self, batches: list[Any], count: int):
@@ -154,12 +154,16 @@ def measure_device(batches: list[Any], *, cuda: bool | None = None, pin: Callabl
     if not cuda or not batches:
         return None, None
     if pin is None:
-        from torch.utils.data._utils.pin_memory import pin_memory as pin
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        pin = pin_memory
     if copy_to is None:
         device = torch.device("cuda")
 
-        def copy_to(batch: Any) -> Any:
+        def to_device(batch: Any) -> Any:
             return move_to(batch, device, True)
+
+        copy_to = to_device
     if sync is None:
         sync = torch.cuda.synchronize
     pinned = [pin(b) for b in batches]  # warm-up: the first pin allocates the pinned pool
@@ -240,7 +244,7 @@ def _time_samples(dataset: Any, indices: list[int]) -> tuple[list[float], list[A
     return times, samples
 
 
-def _apply_transform(transform: Callable | None, samples: list[Any]) -> tuple[list[Any], list[float]]:
+def _apply_transform(transform: Callable[[Any], Any] | None, samples: list[Any]) -> tuple[list[Any], list[float]]:
     """The transformed samples and the seconds each transform took (none without a transform)."""
     if transform is None:
         return list(samples), []
@@ -348,7 +352,8 @@ def measure(spec: UserSpec, *, samples: int | None = None, seed: int = 0,
     say("collate")
     collate = spec.collate_fn or default_collate
     batch_count = max(1, min(MAX_BATCHES * 2, n // batch_size))
-    collate_times, batches = [], []
+    collate_times: list[float] = []
+    batches: list[Any] = []
     for b in range(batch_count):
         chunk = [transformed[(b * batch_size + j) % n] for j in range(batch_size)]
         start = time.perf_counter()
@@ -497,7 +502,10 @@ def format_table(m: Measurements, v: Verdict) -> str:
     lines = [f"autotune diagnose {m.source}: {m.samples} of {m.length} samples (seed {m.seed}), "
              f"batch size {b}, {m.usable_cpus} usable CPUs"]
     sep = "  "
-    fmt = lambda r: sep.join([r[0].ljust(widths[0]), r[1].rjust(widths[1]), r[2].rjust(widths[2]), r[3]]).rstrip()  # noqa: E731
+
+    def fmt(r: tuple[str, str, str, str]) -> str:
+        return sep.join([r[0].ljust(widths[0]), r[1].rjust(widths[1]), r[2].rjust(widths[2]), r[3]]).rstrip()
+
     lines.append(fmt(head))
     lines.append(sep.join("-" * w for w in widths))
     lines.extend(fmt(r) for r in rows)

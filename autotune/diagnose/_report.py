@@ -99,7 +99,7 @@ def load_trials(study: dict[str, Any] | None) -> tuple[list[TrialRow] | None, st
 # ------------------------------------------------------------------------------------------ plots
 
 
-def _pyplot():
+def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
@@ -135,7 +135,8 @@ def _plot_history(rows: list[TrialRow], measured: Measured) -> bytes:
                    label="pruned (last reported)", zorder=3)
     best, xs, ys = None, [], []
     for r in sorted(done, key=lambda r: r.number):
-        best = r.value if best is None else min(best, r.value)
+        value = r.value or 0.0
+        best = value if best is None else min(best, value)
         xs.append(r.number)
         ys.append(best)
     if xs:
@@ -180,14 +181,14 @@ def _plot_by_workers(rows: list[TrialRow]) -> bytes:
                                       gridspec_kw={"width_ratios": [3, 2]})
     by_workers: dict[int, list[float]] = {}
     for r in sorted(runs, key=lambda r: r.config.get("num_workers", 0)):
-        by_workers.setdefault(int(r.config.get("num_workers", 0)), []).append(r.prediction["epoch_seconds"])
+        by_workers.setdefault(int(r.config.get("num_workers", 0)), []).append((r.prediction or {})["epoch_seconds"])
     _strip(left, by_workers, [str(k) for k in by_workers])
     left.set_xlabel("num_workers")
     left.set_ylabel("time per warm epoch (s, whole dataset)")
     left.set_title("by num_workers (bar: median)")
     by_cache: dict[str, list[float]] = {}
     for r in runs:
-        by_cache.setdefault(r.config.get("cache") or "none", []).append(r.prediction["epoch_seconds"])
+        by_cache.setdefault(r.config.get("cache") or "none", []).append((r.prediction or {})["epoch_seconds"])
     by_cache = dict(sorted(by_cache.items()))
     _strip(right, by_cache, list(by_cache), color="#2ca02c")
     right.set_xlabel("cache backend")
@@ -202,7 +203,7 @@ def _plot_memory(rows: list[TrialRow]) -> bytes:
     fig, ax = plt.subplots(figsize=(7, 4))
     groups: dict[int, list[float]] = {}
     for r in sorted(runs, key=lambda r: r.config.get("num_workers", 0)):
-        groups.setdefault(int(r.config.get("num_workers", 0)), []).append(r.peak_memory_bytes / (1 << 20))
+        groups.setdefault(int(r.config.get("num_workers", 0)), []).append((r.peak_memory_bytes or 0) / (1 << 20))
     _strip(ax, groups, [str(k) for k in groups], color="#9467bd")
     ax.set_xlabel("num_workers")
     ax.set_ylabel("peak memory, main + workers (MiB, PSS)")
@@ -277,7 +278,7 @@ def _cold_warm_rows(profile: Any, rows: list[TrialRow] | None) -> list[tuple[str
                 continue
             same = [r for r in runs if LoaderConfig.from_json(r.config) == config]
             if same:
-                p = min(same, key=lambda r: r.value).prediction
+                p = min(same, key=lambda r: r.value or 0.0).prediction or {}
                 out.append((_label(config.to_json()), p["first_epoch_seconds"], p["epoch_seconds"],
                             "finalist, search trial"))
     return out
@@ -343,8 +344,8 @@ def _hardware_pairs(hw: dict[str, Any]) -> list[tuple[str, Any]]:
     return pairs
 
 
-def build_report(recipe_path: str | os.PathLike, output: str | os.PathLike = "report.html",
-                 png_dir: str | os.PathLike | None = None) -> ReportResult:
+def build_report(recipe_path: str | os.PathLike[str], output: str | os.PathLike[str] = "report.html",
+                 png_dir: str | os.PathLike[str] | None = None) -> ReportResult:
     """Write the HTML report for this machine's profile in ``recipe_path`` (the nearest one when none
     was tuned here), and the PNGs under ``png_dir`` when given."""
     from autotune.machine import _hardware as hardware

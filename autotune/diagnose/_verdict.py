@@ -201,16 +201,17 @@ def judge(m: Measurements) -> Verdict:
     ceilings["expected"] = min(finite) if finite else None
     stage = _dominant(stages, loader_cpus)
     first = _dominant(cold_stages, loader_cpus)
-    consumer_bound = bool(m.consumer) and m.consumer >= loader_batch
+    consumer = m.consumer or 0.0
+    consumer_bound = consumer > 0 and consumer >= loader_batch
     helps: list[str] = []
     cannot: list[str] = []
     lines: list[str] = []
     rate = ceilings["no_stall"]
 
     if consumer_bound:
-        hidden = serial_batch - m.consumer
+        hidden = serial_batch - consumer
         serial_share = hidden / serial_batch if serial_batch > 0 else 0.0
-        summary = (f"consumer-bound: {m.consumer_kind} takes {_ms(m.consumer)} per batch, the loader needs "
+        summary = (f"consumer-bound: {m.consumer_kind} takes {_ms(consumer)} per batch, the loader needs "
                    f"{_ms(loader_batch)} with {loader_cpus} CPU(s); no loader setting will make training faster.")
         lines.append(
             f"The consumer is the bottleneck: {m.consumer_kind} alone, with the data already in memory, runs at "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -15,7 +17,7 @@ def _pss(proc: psutil.Process) -> int:
         return int(proc.memory_info().rss)
 
 
-def _tree_total(pid: int | None, read) -> int:
+def _tree_total(pid: int | None, read: Callable[[Any], int]) -> int:
     """``read(process)`` summed over ``pid`` and all its descendants (the DataLoader workers)."""
     try:
         root = psutil.Process(pid or os.getpid())

@@ -26,7 +26,7 @@ SLACK_FRACTION = 1 / 16
 SLACK_BYTES = 16 << 20
 
 
-def shm_free(path: str | os.PathLike = "/dev/shm") -> int | None:
+def shm_free(path: str | os.PathLike[str] = "/dev/shm") -> int | None:
     """Bytes free for an unprivileged writer in the shared-memory tmpfs; None where there is none."""
     try:
         st = os.statvfs(path)

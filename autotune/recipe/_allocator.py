@@ -137,7 +137,7 @@ def find_library(name: str) -> str | None:
     return None
 
 
-def _libc():
+def _libc() -> ctypes.CDLL | None:
     try:
         return ctypes.CDLL(None)
     except OSError:  # pragma: no cover - every POSIX Python can do this
@@ -190,6 +190,8 @@ def apply_mallopt(
     if not is_glibc():
         return False
     libc = _libc()
+    if libc is None:
+        return False
     mallopt = libc.mallopt
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
@@ -202,34 +204,6 @@ def apply_mallopt(
             raise ValueError(f"mallopt values must be in [0, 2 GiB), but got {value}")
         ok = mallopt(param, value) == 1 and ok
     return ok
-
-
-class MalloptWorkerInit:
-    """A picklable ``worker_init_fn`` that calls :func:`apply_mallopt` in each DataLoader worker.
-
-    ``chain`` is the user's own ``worker_init_fn``, called afterwards with the worker id.
-    """
-
-    def __init__(
-        self,
-        mmap_threshold: int = DEFAULT_MMAP_THRESHOLD,
-        trim_threshold: int = DEFAULT_TRIM_THRESHOLD,
-        chain=None,
-    ):
-        self.mmap_threshold = mmap_threshold
-        self.trim_threshold = trim_threshold
-        self.chain = chain
-
-    def __call__(self, worker_id: int) -> None:
-        apply_mallopt(self.mmap_threshold, self.trim_threshold)
-        if self.chain is not None:
-            self.chain(worker_id)
-
-    def __repr__(self) -> str:
-        return (
-            f"MalloptWorkerInit(mmap_threshold={self.mmap_threshold}, "
-            f"trim_threshold={self.trim_threshold}, chain={self.chain!r})"
-        )
 
 
 def _mapped_paths(maps_path: str = "/proc/self/maps") -> set[str]:

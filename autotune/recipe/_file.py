@@ -54,7 +54,7 @@ class RecipeMismatchWarning(UserWarning):
 
 def _autotune_version() -> str:
     try:
-        from autotune import __version__  # type: ignore[attr-defined]
+        from autotune import __version__
 
         return str(__version__)
     except ImportError:
@@ -178,7 +178,7 @@ def _check_text(value: Any, where: str) -> None:
             _check_text(item, where)
 
 
-def _v1_to_v2(doc: dict) -> dict:
+def _v1_to_v2(doc: dict[str, Any]) -> dict[str, Any]:
     """Version 1 kept a profile's configuration in four objects (loader, threads, process, cache);
     version 2 keeps one "config" (autotune/config.py) and no cache path."""
     for profile in (doc.get("profiles") or {}).values():
@@ -209,7 +209,7 @@ def _v1_to_v2(doc: dict) -> dict:
 
 # version N -> a function that turns a version-N document into a version-(N+1) document.
 # Add an entry here (and a saved sample file under tests/data/) whenever VERSION goes up.
-_MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2}
+_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
 
 
 def regenerate_command(profile: Profile | None = None) -> str:
@@ -228,7 +228,7 @@ def _corrupt(path: Path, problem: str) -> RecipeError:
     )
 
 
-def _migrate(data: dict, path: Path) -> dict:
+def _migrate(data: dict[str, Any], path: Path) -> dict[str, Any]:
     version = data.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise _corrupt(path, f"its format version is {version!r}, not a positive integer")
@@ -262,7 +262,7 @@ class RecipeFile:
     path: Path | None = None
 
     @classmethod
-    def read(cls, path: str | os.PathLike) -> "RecipeFile":
+    def read(cls, path: str | os.PathLike[str]) -> "RecipeFile":
         """Read and validate a recipe file, converting an older format version.  RecipeError, one
         line naming the file and the fix, for a missing, unreadable, corrupt or future file."""
         path = Path(path)
@@ -312,7 +312,7 @@ class RecipeFile:
             "profiles": {fp: p.to_dict() for fp, p in self.profiles.items()},
         }
 
-    def write(self, path: str | os.PathLike | None = None) -> Path:
+    def write(self, path: str | os.PathLike[str] | None = None) -> Path:
         """Write atomically: a temporary file in the same folder, fsync, then ``Path.replace``.
         A crash at any point leaves either the old file or the new one, never a mix."""
         target = Path(path if path is not None else self.path or "autotune.json")
@@ -322,7 +322,7 @@ class RecipeFile:
         return target
 
     @classmethod
-    def merge_write(cls, path: str | os.PathLike, profile: Profile) -> "RecipeFile":
+    def merge_write(cls, path: str | os.PathLike[str], profile: Profile) -> "RecipeFile":
         """Re-read the file now on disk (if any), add ``profile``, and write it back atomically,
         keeping the other machines' profiles.  A corrupt or future file raises RecipeError and is
         not written over.  Concurrent writers are serialised by an advisory lock where the OS has
@@ -395,7 +395,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def mismatch_message(
-    profile: Profile, changes: list[str], path: str | os.PathLike | None = None
+    profile: Profile, changes: list[str], path: str | os.PathLike[str] | None = None
 ) -> str:
     """One line: which file, what changed against the nearest profile, how to re-tune."""
     where = str(path) if path is not None else "the recipe file"

@@ -136,6 +136,7 @@ def launch_env(
     existing = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
     if effective in PRELOAD_ALLOCATORS:
         lib = _alloc.find_library(effective)
+        assert lib is not None  # resolve_allocator fell back when the library is missing
         preload = [lib] + [p for p in existing if p != lib]
         env["LD_PRELOAD"] = ":".join(preload)
     elif effective == "glibc-tuned":

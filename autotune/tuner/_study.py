@@ -42,6 +42,7 @@ class SearchOptions:
     max_workers: int | None = None
     ranks_per_node: int = 1
     finalists: int = 3
+    max_trials: int | None = None  # stop after this many trials even with budget left (Optuna's n_trials)
     progress: bool = True
     trial_seconds: float | None = None  # target time of one default trial; derived from the budget
     trial_timeout: float | None = None  # a trial still running after this is killed; derived by default
@@ -169,6 +170,7 @@ def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None, r
     progress = _Progress(opts.progress, opts.budget)
     durations: list[float] = []
     repeats = 0
+    asked = 0  # trials asked by this search (a resumed study holds earlier ones too)
     timeout = plan.batch_timeout
     try:
         while True:
@@ -176,7 +178,10 @@ def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None, r
             typical = statistics.median(durations) if durations else trial_seconds * 2
             if elapsed + typical > opts.budget * SEARCH_SHARE or repeats >= 20:
                 break
+            if opts.max_trials is not None and asked >= opts.max_trials:
+                break
             trial = study.ask()
+            asked += 1
             config = space.suggest(trial)
             key = _key(config)
             trial.set_user_attr("config", config.to_json())
@@ -243,9 +248,9 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
     against, the usual advice (a worker per CPU, persistent), and a cache read in the main process."""
     priors = [default]
     if space.max_workers:
-        priors.append(LoaderConfig(num_workers=space.max_workers, prefetch_factor=2, persistent_workers=True,
-                             multiprocessing_context=space.contexts[0], main_threads=default.main_threads,
-                             worker_threads=1 if len(space.worker_threads) > 1 else None))
+        priors.append(LoaderConfig(num_workers=space.max_workers, prefetch_factor=2,
+                                   persistent_workers=True in space.persistent,
+                                   multiprocessing_context=space.contexts[0], main_threads=default.main_threads))
     caches = [c for c in space.caches if c is not None]
     if caches:
         allocator = "glibc-tuned" if "glibc-tuned" in space.allocators else default.allocator
