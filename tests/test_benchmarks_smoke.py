@@ -26,7 +26,8 @@ _spec.loader.exec_module(run_all)
 
 # search_cost reuses article_table's search, so they share a group; the groups take about as long
 # (about 5 minutes each with the 2 CPUs loaded four times over; cpu_lstm writes no JPEGs while article_table does).
-GROUPS = (("article_table", "search_cost", "cache_memory"), ("cpu_lstm", "accelerator", "allocators", "process_settings"))
+GROUPS = (("article_table", "search_cost", "cache_memory"),
+          ("cpu_lstm", "accelerator", "allocators", "process_settings"))
 MACHINE_KEYS = {"cpu_model", "usable_cpus", "memory_bytes", "torch", "described", "fingerprint"}
 TIMEOUT = 1200  # a hang's limit; on a quiet 2-CPU machine the whole module takes a few minutes
 ROW_KEYS = {"epoch_s", "setup_s", "total_s", "first_over_steady", "runs", "repeats"}
@@ -55,7 +56,7 @@ def results(tmp_path_factory):
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     with ThreadPoolExecutor(len(GROUPS)) as pool:
-        procs = dict(zip(GROUPS, pool.map(group, GROUPS)))
+        procs = dict(zip(GROUPS, pool.map(group, GROUPS), strict=True))
     out = {}
     for names, proc in procs.items():
         for name in names:
