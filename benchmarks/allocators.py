@@ -21,6 +21,8 @@ from __future__ import annotations
 import platform
 import sys
 import time
+from functools import partial
+from typing import Any
 
 from harness import machine, output, stats
 from harness.child import Setup, child_main
@@ -43,7 +45,7 @@ COLUMNS = {
     "jemalloc": "jemalloc (LD_PRELOAD)",
 }
 EPOCHS = 2  # the second is reported
-LOADERS = {"jpeg-0": {"num_workers": 0}, "memory-0": {"num_workers": 0},
+LOADERS: dict[str, dict[str, Any]] = {"jpeg-0": {"num_workers": 0}, "memory-0": {"num_workers": 0},
            "memory-2p": {"num_workers": 2, "persistent_workers": True, "multiprocessing_context": "fork"}}
 
 
@@ -61,6 +63,10 @@ def measure(row: str, column: str, images: int) -> dict:
     if result["info"]["active"] != expected:
         raise SystemExit(f"{row} / {column}: the child allocates with {result['info']['active']}, not {expected}")
     return result
+
+
+def say_row(row: str, text: str) -> None:
+    output.say(f"{row:10s} {text}")
 
 
 def cell_summary(runs: list[dict]) -> dict:
@@ -96,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     jpeg_dataset(args.images)  # write the images once, outside every measurement
     rows = []
     for row in args.rows:  # interleaved across columns: A B C D A B C D ...
-        runs = stats.interleaved({c: lambda r=row, c=c: measure(r, c, args.images) for c in columns}, repeats,
-                                 log=lambda text, r=row: output.say(f"{r:10s} {text}"))
+        runs = stats.interleaved({c: partial(measure, row, c, args.images) for c in columns}, repeats,
+                                 log=partial(say_row, row))
         failed = [r["failed"] for rr in runs.values() for r in rr if "failed" in r]
         if failed:
             raise SystemExit(f"{row} failed:\n{failed[0]}")

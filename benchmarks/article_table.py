@@ -33,12 +33,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
-
 from harness import EXAMPLES, oracle, output, recipes, stats
 from harness.child import Setup, child_main, evict_files
 from harness.fresh import allocator_env, run_fresh
 from harness.workloads import BATCH, EPOCHS, jpeg_dataset, jpeg_files, seeded_loader
+from PIL import Image
 
 # After harness, which puts the checkout's autotune first on sys.path.
 from autotune._loader import DeviceConsumer

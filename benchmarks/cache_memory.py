@@ -19,12 +19,11 @@ import warnings
 import numpy as np
 import psutil
 import torch
-
 from harness import machine, output
 from harness.workloads import seeded_loader
 
 # After harness, which puts the checkout's autotune first on sys.path.
-from autotune.caches import CachedDataset, open_or_build
+from autotune.caches import CachedDataset, MemoryCache, open_or_build
 from autotune.machine._memory import tree_pss
 
 NAME = "cache_memory"
@@ -94,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     source = Synthetic(args.samples)
     base_pss = tree_pss()
-    cache = open_or_build("memory", source, root=None, manifest={"benchmark": NAME}, progress=False)
+    cache = open_or_build("memory", source, manifest={"benchmark": NAME}, progress=False)  # root: unused in memory
+    assert isinstance(cache, MemoryCache)
     gc.collect()
     built_pss = tree_pss()
     output.say(f"memory cache: {len(cache)} samples, {output.fmt_bytes(cache.nbytes)} in {len(cache.columns)} "
@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         single = epoch_pss(dataset, 0, args.batch_size)
         multi = epoch_pss(dataset, args.workers, args.batch_size)
         extra = multi["pss_total_bytes"] - single["pss_total_bytes"]
-        runs[label] = {"single": single, "workers": multi, "ratio": multi["pss_total_bytes"] / single["pss_total_bytes"],
-                       "extra_bytes": extra}
+        ratio = multi["pss_total_bytes"] / single["pss_total_bytes"]
+        runs[label] = {"single": single, "workers": multi, "ratio": ratio, "extra_bytes": extra}
         return [label, output.fmt_bytes(single["pss_total_bytes"]), output.fmt_bytes(multi["pss_total_bytes"]),
                 str(multi["processes"]), f"{runs[label]['ratio']:.3f}", output.fmt_bytes(extra)]
 

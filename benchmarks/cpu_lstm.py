@@ -21,15 +21,14 @@ import sys
 import time
 from pathlib import Path
 
+import harness  # first: it puts examples/ and the checkout's autotune first on sys.path
+import imdb_lstm
 import torch
-
-from harness import EXAMPLES, output, recipes, stats
+from harness import output, recipes, stats
 from harness.child import Setup, child_main
 from harness.fresh import allocator_env, run_fresh
 from harness.workloads import seeded_loader
 
-# After harness, which puts examples/ and the checkout's autotune first on sys.path.
-import imdb_lstm
 from autotune.dataset._userfile import UserSpec
 
 NAME = "cpu_lstm"
@@ -74,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     epochs = imdb_lstm.epochs
     work = output.workdir(args.workdir, NAME)
     started = time.perf_counter()
-    spec = UserSpec(dataset=imdb_lstm.SyntheticReviews(args.reviews), source=str(EXAMPLES / "imdb_lstm.py"),
+    spec = UserSpec(dataset=imdb_lstm.SyntheticReviews(args.reviews), source=str(harness.EXAMPLES / "imdb_lstm.py"),
                     batch_size=imdb_lstm.batch_size, epochs=epochs, collate_fn=imdb_lstm.collate_fn,
-                    train_step=imdb_lstm.train_step, sys_path=[str(EXAMPLES)])
+                    train_step=imdb_lstm.train_step, sys_path=[str(harness.EXAMPLES)])
     output.say(f"autotune search, budget {args.budget:.0f} s ...")
     recipe, outcome, timing = recipes.autotune_search(spec, budget=args.budget, workdir=work)
     output.say(f"  -> {recipe.config.describe()} in {timing['wall_s']:.1f} s")

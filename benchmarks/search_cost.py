@@ -23,10 +23,10 @@ import pickle
 import sys
 import time
 from pathlib import Path
-
-import optuna
+from typing import Any
 
 import article_table as A
+import optuna
 from harness import EXAMPLES, oracle, output
 from harness.workloads import BATCH, EPOCHS, jpeg_dataset
 
@@ -81,7 +81,8 @@ def random_search(state: dict, budget: float, seed: int, work: Path) -> tuple[li
         trial = study.ask()
         config = space.suggest(trial)
         key = json.dumps(config.to_json(), sort_keys=True)
-        entry = {"number": trial.number, "config": config.to_json(), "start": time.time(), "repeat": key in seen}
+        entry: dict[str, Any] = {"number": trial.number, "config": config.to_json(), "start": time.time(),
+                                 "repeat": key in seen}
         if key in seen:
             study.tell(trial, seen[key])
             entry.update(state="COMPLETE", value=seen[key], complete=time.time())
@@ -143,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         state = pickle.load(f)
     grid, search = state["grid"], state["search"]
     best = oracle.best_point(grid)
+    if best is None:
+        raise SystemExit("no grid point was measured: nothing to compare with")
     target = best["value"] * (1 + WITHIN)
     grid_cost = sum(e["duration_s"] for e in grid)
     budget = search["wall_s"]

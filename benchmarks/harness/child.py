@@ -13,9 +13,9 @@ import resource
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Callable, Iterable
 
 from autotune.machine._evict import evict
 from autotune.machine._memory import tree_pss
@@ -93,7 +93,7 @@ def run_setup(setup: Setup, epochs: int, memory: bool = False) -> dict[str, Any]
     }
 
 
-def child_main(cells: dict[str, Callable[[dict], Setup]], payload: str) -> int:
+def child_main(cells: Mapping[str, Callable[[dict], Setup]], payload: str) -> int:
     """The child's entry point: build the cell, run it, print one JSON line."""
     spec = json.loads(payload)
     setup = cells[spec["cell"]](spec["params"])

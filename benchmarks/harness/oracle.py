@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import optuna
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 import subprocess
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 from harness.fresh import RunFailed
 
@@ -58,7 +58,7 @@ def summarise_runs(runs: list[dict], memory_run: dict | None = None) -> dict[str
     out["setup_s"] = spread([r["setup_s"] for r in good])
     out["total_s"] = spread([r["total_s"] for r in good])
     steady = [statistics.median(r["epoch_s"][1:]) for r in good] if epochs > 1 else []
-    out["first_over_steady"] = spread([r["epoch_s"][0] / s for r, s in zip(good, steady) if s > 0])
+    out["first_over_steady"] = spread([r["epoch_s"][0] / s for r, s in zip(good, steady, strict=False) if s > 0])
     out["runs"] = runs
     if memory_run is not None:
         out["peak_pss_bytes"] = memory_run.get("peak_pss_bytes")
