@@ -183,8 +183,10 @@ def _search_here(nearest: Profile, path: str | os.PathLike, dataset: Any, budget
             )
         spec = load_user_file(source, batch_size=settings.get("batch_size"), epochs=settings.get("epochs"))
     else:
+        known = nearest.dataset.get("stream") and nearest.dataset.get("length_known")
         spec = UserSpec(dataset=dataset, source=source, batch_size=settings.get("batch_size", 32),
-                        epochs=settings.get("epochs", 10))
+                        epochs=settings.get("epochs", 10),
+                        samples_per_epoch=nearest.dataset.get("length") if known else None)
     from autotune.tuner._study import SearchOptions
 
     opts = SearchOptions(budget=parse_duration(budget), ranks_per_node=ranks)
