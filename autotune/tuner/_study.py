@@ -437,6 +437,16 @@ def _outcome(study, runs: dict[LoaderConfig, list[dict]], failed_finalists: dict
              default: LoaderConfig, plan, probe, hw, limits, opts, started, how: str) -> Outcome:
     """The winner among the measured configurations (lowest median whole run, the default on a tie)."""
     medians = {c: _median_result(v) for c, v in runs.items() if v}
+    notes = list(limits.notes)
+    if default not in medians:
+        # The default failed its re-measurement (a timeout on a loaded machine) but the loop measured it:
+        # its figure from the loop still anchors the A/B check.
+        loop = [_slim(t.user_attrs) for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.user_attrs.get("config_key") == _key(default) and "prediction" in t.user_attrs]
+        if loop:
+            medians[default] = _median_result(loop)
+            notes.append(f"the plain default failed its re-measurement ({failed_finalists.get(default, '')}); "
+                         "its figure comes from the search's own trial")
     if default not in medians:
         reason = failed_finalists.get(default, "it was not measured")
         raise AutotuneError(
@@ -458,18 +468,20 @@ def _outcome(study, runs: dict[LoaderConfig, list[dict]], failed_finalists: dict
         default_figures=medians[default],
         is_default=is_default,
         note=note,
-        trials=sum(1 for t in trials if not t.user_attrs.get("repeat") and t.state != states.RUNNING),
+        trials=sum(1 for t in trials if not t.user_attrs.get("repeat") and t.state not in (states.RUNNING,
+                                                                                              states.WAITING)),
         failed=[t.user_attrs.get("reason", "") for t in trials if t.state == states.FAIL],
         pruned=sum(1 for t in trials if t.state == states.PRUNED),
         search_seconds=time.monotonic() - started,
         plan=plan,
         probe=probe,
         hardware=hw,
-        notes=list(limits.notes),
+        notes=notes,
         finalists=[
-            {"config": c.to_json(), "total_seconds": [f["prediction"]["total_seconds"] for f in runs[c]]}
-            for c in sorted(runs, key=lambda c: medians[c]["prediction"]["total_seconds"])[:max(opts.finalists, 1) + 1]
-        ],
+            {"config": c.to_json(), "total_seconds": [f["prediction"]["total_seconds"] for f in runs.get(c, [])]}
+            for c in sorted((c for c in runs if runs[c]), key=lambda c: medians[c]["prediction"]["total_seconds"])
+            [:max(opts.finalists, 1) + 1]
+        ] + [{"config": c.to_json(), "total_seconds": []} for c in failed_finalists],  # failed when measured again
         study={"name": study.study_name, "storage": _storage_url(opts)},
     )
 
