@@ -29,7 +29,7 @@ DEFAULT_RECIPE = "autotune.json"
 class Recipe:
     """One machine's tuned settings for one dataset, and the factory that applies them."""
 
-    def __init__(self, profile: Profile, path: str | os.PathLike | None = None, changes: list[str] | None = None):
+    def __init__(self, profile: Profile, path: str | os.PathLike[str] | None = None, changes: list[str] | None = None):
         self.profile = profile
         self.path = Path(path) if path is not None else None
         self.changes = list(changes or [])  # what differs from this machine ([] when tuned here)
@@ -50,9 +50,9 @@ class Recipe:
     def measured(self) -> Measured:
         return self.profile.measured
 
-    def dataloader(self, dataset: Any, *, transform: Callable | None = None, cache: str | None = FROM_RECIPE,
-                   cache_dir: str | os.PathLike | None = None, apply_process_settings: bool = True,
-                   progress: bool = True, **overrides: Any) -> DataLoader:
+    def dataloader(self, dataset: Any, *, transform: Callable[..., Any] | None = None, cache: str | None = FROM_RECIPE,
+                   cache_dir: str | os.PathLike[str] | None = None, apply_process_settings: bool = True,
+                   progress: bool = True, **overrides: Any) -> DataLoader[Any]:
         """A DataLoader over ``dataset`` with this recipe's settings; keyword arguments win over the recipe.
 
         ``cache="hdf5"`` (or None) forces a cache backend, ``"recipe"`` (the default) takes the recipe's;
@@ -118,7 +118,7 @@ def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
     )
 
 
-def search_spec(spec: UserSpec, opts: SearchOptions, output: str | os.PathLike | None) -> tuple[Recipe, Outcome]:
+def search_spec(spec: UserSpec, opts: SearchOptions, output: str | os.PathLike[str] | None) -> tuple[Recipe, Outcome]:
     """Search ``spec`` and, with an ``output`` path, add this machine's profile to that recipe file."""
     if output is not None:
         RecipeFile.check_target(output)  # fails now, not after the budget is spent
@@ -132,9 +132,9 @@ def search_spec(spec: UserSpec, opts: SearchOptions, output: str | os.PathLike |
 
 
 def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10, budget: str | float = "2m",
-           collate_fn: Callable | None = None, transform: Callable | None = None,
-           train_step: Callable | None = None, output: str | os.PathLike | None = DEFAULT_RECIPE,
-           storage: str | None = None, workdir: str | os.PathLike = ".autotune",
+           collate_fn: Callable[..., Any] | None = None, transform: Callable[..., Any] | None = None,
+           train_step: Callable[..., Any] | None = None, output: str | os.PathLike[str] | None = DEFAULT_RECIPE,
+           storage: str | None = None, workdir: str | os.PathLike[str] = ".autotune",
            caches: tuple[str, ...] | None = None, max_memory: int | None = None, seed: int = 0,
            progress: bool = True, samples_per_epoch: int | None = None) -> Recipe:
     """Tune a DataLoader for ``dataset`` on this machine and return the Recipe (also written to ``output``).
@@ -153,7 +153,7 @@ def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10, budget: str 
     return search_spec(spec, opts, output)[0]
 
 
-def load(path: str | os.PathLike = DEFAULT_RECIPE, *, on_mismatch: str = "warn", dataset: Any = None,
+def load(path: str | os.PathLike[str] = DEFAULT_RECIPE, *, on_mismatch: str = "warn", dataset: Any = None,
          budget: str | float = "2m", ranks_per_node: int | None = None) -> Recipe:
     """The profile for this machine from a recipe file.
 
@@ -172,7 +172,7 @@ def load(path: str | os.PathLike = DEFAULT_RECIPE, *, on_mismatch: str = "warn",
     return Recipe(profile, path, changes)
 
 
-def _search_here(nearest: Profile, path: str | os.PathLike, dataset: Any, budget: str | float,
+def _search_here(nearest: Profile, path: str | os.PathLike[str], dataset: Any, budget: str | float,
                  ranks: int = 1) -> Recipe:
     settings = nearest.settings or {}
     source = nearest.dataset.get("source", "")
@@ -193,8 +193,8 @@ def _search_here(nearest: Profile, path: str | os.PathLike, dataset: Any, budget
     return search_spec(spec, opts, path)[0]
 
 
-def dataloader(dataset: Any, path: str | os.PathLike = DEFAULT_RECIPE, *, on_mismatch: str = "warn",
-               ranks_per_node: int | None = None, **kwargs: Any) -> DataLoader:
+def dataloader(dataset: Any, path: str | os.PathLike[str] = DEFAULT_RECIPE, *, on_mismatch: str = "warn",
+               ranks_per_node: int | None = None, **kwargs: Any) -> DataLoader[Any]:
     """One step: ``load(path)`` then ``Recipe.dataloader(dataset, **kwargs)``.
 
     The one line a LightningDataModule's ``train_dataloader()`` needs; while ``autotune search`` reads

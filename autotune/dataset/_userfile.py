@@ -23,9 +23,9 @@ class UserSpec:
     source: str
     batch_size: int = DEFAULT_BATCH_SIZE
     epochs: int = DEFAULT_EPOCHS
-    collate_fn: Callable | None = None
-    transform: Callable | None = None
-    train_step: Callable | None = None
+    collate_fn: Callable[..., Any] | None = None
+    transform: Callable[..., Any] | None = None
+    train_step: Callable[..., Any] | None = None
     # Samples in one epoch of a stream without __len__ (an IterableDataset is measured over a bounded
     # number of batches, and the epoch extrapolated from them when its length is known).
     samples_per_epoch: int | None = None
@@ -84,7 +84,7 @@ def _int_hook(module: Any, name: str, default: int, where: str) -> int:
     return value
 
 
-def _callable_hook(module: Any, name: str, where: str) -> Callable | None:
+def _callable_hook(module: Any, name: str, where: str) -> Callable[..., Any] | None:
     value = getattr(module, name, None)
     if value is not None and not callable(value):
         raise DatasetError(f"{name} in {where} must be callable, but got a {type(value).__name__}.")

@@ -33,8 +33,8 @@ class Resolved:
 
     dataset: Any
     batch_size: int | None = None
-    collate_fn: Callable | None = None
-    transform: Callable | None = None
+    collate_fn: Callable[..., Any] | None = None
+    transform: Callable[..., Any] | None = None
 
 
 _RESOLVING: ContextVar[list[Resolved] | None] = ContextVar("autotune_resolving", default=None)
@@ -55,7 +55,7 @@ def _recording() -> Iterator[list[Resolved]]:
         _RESOLVING.reset(token)
 
 
-def plain_loader(dataset: Any, calls: list[Resolved], *, transform: Callable | None = None,
+def plain_loader(dataset: Any, calls: list[Resolved], *, transform: Callable[..., Any] | None = None,
                  **kwargs: Any) -> Any:
     """What ``autotune.dataloader`` returns while a datamodule is resolved: torch's defaults."""
     from torch.utils.data import DataLoader

@@ -142,7 +142,7 @@ def cpu_limits(
     cgroup_root: str | Path = "/sys/fs/cgroup",
     affinity: set[int] | None = None,
     cgroup_path: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The usable CPU count and where it came from.
 
     Returns a dict with ``usable_cpus`` (int), ``logical_cpus`` (``os.cpu_count()``),
@@ -200,7 +200,7 @@ def usable_cpus(
     )["usable_cpus"]
 
 
-def ranks_per_node(explicit: int | None = None, environ: dict | None = None) -> int:
+def ranks_per_node(explicit: int | None = None, environ: dict[str, Any] | None = None) -> int:
     """Training processes sharing this node: ``explicit`` when given, else torchrun's ``LOCAL_WORLD_SIZE``
     (set in every rank it starts), else 1."""
     if explicit is not None:

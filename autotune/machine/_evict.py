@@ -148,7 +148,7 @@ def record_files(fn: Callable[[], Any]) -> tuple[Any, set[str]]:
     return result, files
 
 
-def files_under(folder: str | os.PathLike) -> set[str]:
+def files_under(folder: str | os.PathLike[str]) -> set[str]:
     """Every regular file below ``folder`` (symbolic links followed to their files), resolved."""
     root = os.fspath(folder)
     if not os.path.isdir(root):
@@ -274,7 +274,7 @@ def _resident_pages(fd: int, size: int) -> int | None:
     return resident
 
 
-def resident_fraction(path: str | os.PathLike) -> float | None:
+def resident_fraction(path: str | os.PathLike[str]) -> float | None:
     """The share of ``path``'s pages in the page cache now (0.0 to 1.0), read with ``mincore``.
 
     Mapping a file and asking ``mincore`` reads nothing from it.  None where the OS has no mincore or
@@ -331,7 +331,7 @@ def _weighted(pairs: list[tuple[int, float | None]]) -> float | None:
     return sum(size * frac for size, frac in known) / total
 
 
-def evict(paths: Iterable[str | os.PathLike]) -> EvictionReport:
+def evict(paths: Iterable[str | os.PathLike[str]]) -> EvictionReport:
     """Drop ``paths`` from the page cache with ``posix_fadvise(POSIX_FADV_DONTNEED)`` and check it."""
     paths = sorted({os.fspath(p) for p in paths})
     advise = getattr(os, "posix_fadvise", None)
@@ -420,7 +420,7 @@ class SourceFiles:
         return bool(self.files) and not fits_page_cache(self.total_bytes)
 
 
-def source_files(dataset: Any, indices: list[int], length: int, data_dir: str | os.PathLike | None = None
+def source_files(dataset: Any, indices: list[int], length: int, data_dir: str | os.PathLike[str] | None = None
                  ) -> SourceFiles:
     """What to evict before a cold measurement of ``indices``: ``--data-dir``'s files, else those
     ``dataset[i]`` opens; with the whole dataset's size scaled from the subset's."""

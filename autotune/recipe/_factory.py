@@ -1,4 +1,4 @@
-"""Recipe -> DataLoader: the tuned settings, the caller's overrides, and a report of where each came from.
+"""Recipe -> DataLoader[Any]: the tuned settings, the caller's overrides, and a report of where each came from.
 
 Order of precedence, resolved here and nowhere else: caller's keyword > recipe > DataLoader's default.
 The caller's batch composition (collate_fn, shuffle, sampler, batch_sampler, drop_last, generator)
@@ -130,9 +130,9 @@ def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | Pa
                                 workers=workers)
 
 
-def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = None, cache: str | None = FROM_RECIPE,
+def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | None = None, cache: str | None = FROM_RECIPE,
                  cache_dir: str | Path | None = None, apply_process_settings: bool = True,
-                 progress: bool = True, loader_cls: type[DataLoader] = DataLoader, **overrides: Any) -> DataLoader:
+                 progress: bool = True, loader_cls: type[DataLoader[Any]] = DataLoader, **overrides: Any) -> DataLoader[Any]:
     """A DataLoader over ``dataset`` with the profile's settings; see the module docstring for precedence.
     ``loader_cls`` builds another DataLoader subclass with the same arguments (torchdata's StatefulDataLoader)."""
     from autotune.dataset._stream import is_stream

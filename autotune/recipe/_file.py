@@ -302,7 +302,7 @@ class RecipeFile:
         return cls(profiles=profiles, path=path)
 
     @classmethod
-    def check_target(cls, path: str | os.PathLike) -> None:
+    def check_target(cls, path: str | os.PathLike[str]) -> None:
         """Raise RecipeError now when ``merge_write(path, ...)`` would fail later: an existing file that is
         unreadable, corrupt, of a newer version or not writable, or a folder that is missing or read-only."""
         path = Path(path)
