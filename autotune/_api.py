@@ -50,8 +50,9 @@ class Recipe:
     def measured(self) -> Measured:
         return self.profile.measured
 
-    def dataloader(self, dataset: Any, *, transform: Callable[..., Any] | None = None, cache: str | None = FROM_RECIPE,
-                   cache_dir: str | os.PathLike[str] | None = None, apply_process_settings: bool = True,
+    def dataloader(self, dataset: Any, *, transform: Callable[..., Any] | None = None,
+                   cache: str | None = FROM_RECIPE, cache_dir: str | os.PathLike[str] | None = None,
+                   apply_process_settings: bool = True,
                    progress: bool = True, **overrides: Any) -> DataLoader[Any]:
         """A DataLoader over ``dataset`` with this recipe's settings; keyword arguments win over the recipe.
 
@@ -201,6 +202,7 @@ def dataloader(dataset: Any, path: str | os.PathLike[str] = DEFAULT_RECIPE, *, o
     that datamodule, it returns a plain DataLoader with torch's defaults instead (no recipe is read)."""
     calls = resolving()
     if calls is not None:
-        return plain_loader(dataset, calls, **kwargs)
+        loader: DataLoader[Any] = plain_loader(dataset, calls, **kwargs)
+        return loader
     recipe = load(path, on_mismatch=on_mismatch, dataset=dataset, ranks_per_node=ranks_per_node)
     return recipe.dataloader(dataset, **kwargs)

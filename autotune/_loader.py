@@ -91,7 +91,7 @@ class DeviceConsumer:
         self.device = torch.device("cuda") if self.cuda else None
 
     def __call__(self, batch: Any) -> Any:
-        if not self.cuda:
+        if self.device is None:
             return batch
         moved = move_to(batch, self.device, self.non_blocking)
         torch.cuda.synchronize()

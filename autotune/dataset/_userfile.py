@@ -166,17 +166,17 @@ def load_user_file(target: str, *, batch_size: int | None = None, epochs: int | 
     from autotune.integrations._lightning import Resolved, is_datamodule, resolve_datamodule
 
     # A LightningDataModule: its training loader's dataset, batch size and collate_fn (the file's hooks win).
-    found = resolve_datamodule(obj, where) if is_datamodule(obj) else Resolved(obj)
-    obj = found.dataset
+    resolved = resolve_datamodule(obj, where) if is_datamodule(obj) else Resolved(obj)
+    obj = resolved.dataset
     check_dataset(obj, where)
     stream = is_stream(obj)
     spec = UserSpec(
         dataset=obj,
         source=f"{path}:{name}",
-        batch_size=batch_size or _int_hook(module, "batch_size", found.batch_size or DEFAULT_BATCH_SIZE, str(path)),
+        batch_size=batch_size or _int_hook(module, "batch_size", resolved.batch_size or DEFAULT_BATCH_SIZE, str(path)),
         epochs=epochs or _int_hook(module, "epochs", DEFAULT_EPOCHS, str(path)),
-        collate_fn=_callable_hook(module, "collate_fn", str(path)) or found.collate_fn,
-        transform=_callable_hook(module, "transform", str(path)) or found.transform,
+        collate_fn=_callable_hook(module, "collate_fn", str(path)) or resolved.collate_fn,
+        transform=_callable_hook(module, "transform", str(path)) or resolved.transform,
         train_step=_callable_hook(module, "train_step", str(path)),
         samples_per_epoch=samples_per_epoch or (
             _int_hook(module, "samples_per_epoch", 1, str(path)) if hasattr(module, "samples_per_epoch") else None),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 __all__ = ["usable_cpus", "cpu_limits", "cgroup_quota", "ranks_per_node"]
 
@@ -195,9 +196,9 @@ def usable_cpus(
     cgroup_path: str | None = None,
 ) -> int:
     """CPUs this process may use: min(affinity, floor(cgroup quota)) // ranks_per_node, at least 1."""
-    return cpu_limits(
+    return int(cpu_limits(
         ranks_per_node, cgroup_root=cgroup_root, affinity=affinity, cgroup_path=cgroup_path
-    )["usable_cpus"]
+    )["usable_cpus"])
 
 
 def ranks_per_node(explicit: int | None = None, environ: dict[str, Any] | None = None) -> int:

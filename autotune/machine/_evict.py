@@ -21,6 +21,7 @@ import contextvars
 import ctypes
 import ctypes.util
 import mmap
+import functools
 import os
 import stat
 import sys
@@ -79,7 +80,7 @@ def _reads(mode: Any, flags: Any) -> bool:
     return True
 
 
-def _hook(event: str, args: tuple) -> None:
+def _hook(event: str, args: tuple[Any, ...]) -> None:
     if event != "open":
         return
     sinks = _recording.get()
@@ -165,7 +166,7 @@ def files_under(folder: str | os.PathLike[str]) -> set[str]:
     return found
 
 
-def _path_lists(obj: Any, length: int, depth: int = 2) -> Iterable[list]:
+def _path_lists(obj: Any, length: int, depth: int = 2) -> Iterable[list[Any] | tuple[Any, ...]]:
     """Lists or tuples of ``length`` items among ``obj``'s attributes (and those of wrapped datasets)."""
     try:
         items = vars(obj)
@@ -206,7 +207,7 @@ def dataset_files(dataset: Any, indices: Iterable[int], *, probe: int = 8) -> tu
     probed = indices[:: max(1, len(indices) // probe)][:probe] if indices else []
     per_read: list[tuple[int, set[str]]] = []
     for i in probed:
-        per_read.append((i, record_files(lambda i=i: dataset[i])[1]))
+        per_read.append((i, record_files(functools.partial(dataset.__getitem__, i))[1]))
     if not per_read:
         return set(), "no indices"
     first = per_read[0][1]
@@ -224,7 +225,7 @@ def dataset_files(dataset: Any, indices: Iterable[int], *, probe: int = 8) -> tu
             return {p for p in found if p is not None}, "path list"
     files: set[str] = set()
     for i in indices:
-        files |= record_files(lambda i=i: dataset[i])[1]
+        files |= record_files(functools.partial(dataset.__getitem__, i))[1]
     return files, "recorded"
 
 

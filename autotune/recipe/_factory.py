@@ -8,7 +8,9 @@ always passes through untouched.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from types import FrameType
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -49,7 +51,8 @@ _PACKAGE_DIR = str(Path(__file__).resolve().parent)
 
 def _caller_stacklevel() -> int:
     """The warnings stacklevel of the first frame outside autotune, so a warning points at the user's line."""
-    level, frame = 1, sys._getframe(1)
+    level = 1
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         level += 1
         frame = frame.f_back
@@ -110,8 +113,8 @@ def cache_location(profile: Any, dataset: Any, cache_dir: str | Path | None = No
     return caches.cache_path(backend, root, manifest)
 
 
-def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | Path | None, progress: bool,
-                   workers: int) -> Any:
+def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os.PathLike[str] | None,
+                   progress: bool, workers: int) -> Any:
     """The opened (or built) cache of ``dataset``, or None when its samples are random: one warning
     then, since a cache would freeze one draw of them for every epoch."""
     from autotune import caches
@@ -126,13 +129,15 @@ def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | Pa
             stacklevel=_caller_stacklevel())
         return None
     manifest = {} if backend == "memory" else cache_manifest(dataset, _data_dir(profile))
-    return caches.open_or_build(backend, dataset, root=cache_dir, manifest=manifest, progress=progress,
+    root = None if cache_dir is None else os.fspath(cache_dir)
+    return caches.open_or_build(backend, dataset, root=root, manifest=manifest, progress=progress,
                                 workers=workers)
 
 
-def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | None = None, cache: str | None = FROM_RECIPE,
-                 cache_dir: str | Path | None = None, apply_process_settings: bool = True,
-                 progress: bool = True, loader_cls: type[DataLoader[Any]] = DataLoader, **overrides: Any) -> DataLoader[Any]:
+def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | None = None,
+                 cache: str | None = FROM_RECIPE, cache_dir: str | os.PathLike[str] | None = None,
+                 apply_process_settings: bool = True, progress: bool = True,
+                 loader_cls: type[DataLoader[Any]] = DataLoader, **overrides: Any) -> DataLoader[Any]:
     """A DataLoader over ``dataset`` with the profile's settings; see the module docstring for precedence.
     ``loader_cls`` builds another DataLoader subclass with the same arguments (torchdata's StatefulDataLoader)."""
     from autotune.dataset._stream import is_stream

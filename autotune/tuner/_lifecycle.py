@@ -71,7 +71,7 @@ def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     the call does not exist. Cleared across fork, so each process that wants it must ask itself."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+        return bool(libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 

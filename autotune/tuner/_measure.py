@@ -179,10 +179,10 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     evictions = [_evict(plan)]  # before the cache build too: it reads the source files
     dataset, build_seconds, collate_fn = _source(workload, config, plan)
     generator = torch.Generator().manual_seed(plan.seed)
+    order: dict[str, Any] = {} if plan.stream else {"shuffle": True}  # a stream keeps its own order
     loader = make_loader(
         dataset, config, batch_size=workload.batch_size, generator=generator, collate_fn=collate_fn,
-        **({} if plan.stream else {"shuffle": True}),
-        **({"timeout": plan.batch_timeout} if config.num_workers else {}),
+        timeout=plan.batch_timeout if config.num_workers else 0, **order,
     )
     consume = _consumer(workload, config)
     n = len(plan.indices)

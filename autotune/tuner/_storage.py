@@ -152,10 +152,11 @@ def heartbeat(storage: optuna.storages.BaseStorage, study: optuna.Study, trial: 
         thread.join(CONNECT_TIMEOUT_S)
 
 
-def tell(study: optuna.Study, trial: optuna.Trial, *args: Any, **kwargs: Any) -> None:
+def tell(study: optuna.Study, trial: optuna.Trial, value: float | None = None,
+         state: optuna.trial.TrialState | None = None) -> None:
     """``study.tell`` that does nothing when another search already finished (failed) the trial."""
     try:
-        study.tell(trial, *args, skip_if_finished=True, **kwargs)
+        study.tell(trial, value, state=state, skip_if_finished=True)
     except UpdateFinishedTrialError:  # failed by another search between tell's check and its write
         pass
 
