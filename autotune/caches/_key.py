@@ -58,7 +58,7 @@ def _user_file(module: Any) -> str | None:
     if not isinstance(path, str) or not path.endswith(".py"):
         return None
     real = os.path.realpath(path)
-    if real.startswith(_LIBRARY_ROOTS) or real.startswith(_PACKAGE_DIR) or "-packages" + os.sep in real:
+    if real.startswith((*_LIBRARY_ROOTS, _PACKAGE_DIR)) or "-packages" + os.sep in real:
         return None
     return real if os.path.isfile(real) else None
 
@@ -253,7 +253,7 @@ def describe_change(old: dict, new: dict) -> str:
         parts.append(f"source files changed ({a.get('files_count')} -> {b.get('files_count')} files, "
                      f"{a.get('files_bytes')} -> {b.get('files_bytes')} bytes)")
     pa, pb = old.get("probes", {}), new.get("probes", {})
-    differ = sorted((int(i) for i in set(pa) & set(pb) if pa[i] != pb[i]))
+    differ = sorted(int(i) for i in set(pa) & set(pb) if pa[i] != pb[i])
     if differ:
         shown = ", ".join(map(str, differ[:8])) + (" …" if len(differ) > 8 else "")
         parts.append(f"sample{'s' if len(differ) > 1 else ''} {shown} differ{'s' if len(differ) == 1 else ''}")
@@ -265,4 +265,4 @@ def describe_change(old: dict, new: dict) -> str:
     return "; ".join(parts) or "the cache's manifest differs"
 
 
-__all__ = ["PROBES", "dataset_key", "describe_change", "kinship", "identity", "probe_indices", "source_files"]
+__all__ = ["PROBES", "dataset_key", "describe_change", "identity", "kinship", "probe_indices", "source_files"]

@@ -17,13 +17,13 @@ from typing import Any, Sequence
 from autotune.caches._base import (
     MANIFEST_NAME, Cache, CorruptCache, StaleCache, as_json, indices_digest, is_manifest, set_aside,
 )
-from autotune.caches._key import describe_change, kinship
-from autotune.caches._lock import BuildLock, is_free, lock_path
-from autotune.caches._trust import TAG_NAME, UntrustedCache, ensure_root, trust_problem
 from autotune.caches._hdf5 import Hdf5Cache
+from autotune.caches._key import describe_change, kinship
 from autotune.caches._lmdb import LmdbCache, record_disk_bytes
+from autotune.caches._lock import BuildLock, is_free, lock_path
 from autotune.caches._memory import MemoryCache
 from autotune.caches._pickle import PickleCache
+from autotune.caches._trust import TAG_NAME, UntrustedCache, ensure_root, trust_problem
 from autotune.errors import AutotuneError
 
 BACKENDS = ("memory", "pickle", "hdf5", "lmdb")
