@@ -105,7 +105,7 @@ def source_files(dataset: Any) -> dict[str, str]:
     return dict(sorted(seen.items()))
 
 
-def identity(dataset: Any) -> dict:
+def identity(dataset: Any) -> dict[str, Any]:
     """The dataset's class and its scalar attributes: what tells a train set from a val set."""
     cls = type(dataset)
     try:
@@ -162,7 +162,7 @@ def _stat(paths: Iterable[str]) -> dict[str, list[int]]:
     return found
 
 
-def _files(dataset: Any, length: int, per_read: list[set[str]], data_dir: str | os.PathLike | None
+def _files(dataset: Any, length: int, per_read: list[set[str]], data_dir: str | os.PathLike[str] | None
            ) -> tuple[dict[str, list[int]], str]:
     """The source files and how they were found (the rules of ``machine._evict.dataset_files``)."""
     from autotune.machine import _evict
@@ -197,10 +197,10 @@ def _recorded_reads(dataset: Any, indices: list[int]) -> tuple[list[Any], list[s
         raw.append(seen)
     modules = _evict._module_files()
     kept = {p: _evict._keep(p, modules) for p in set().union(set(), *raw)}
-    return samples, [{kept[p] for p in seen if kept[p] is not None} for seen in raw]
+    return samples, [{k for p in seen if (k := kept[p]) is not None} for seen in raw]
 
 
-def dataset_key(dataset: Any, *, data_dir: str | os.PathLike | None = None) -> dict:
+def dataset_key(dataset: Any, *, data_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """The manifest a full cache of ``dataset`` is stored under and checked against (JSON-ready):
     ``key`` (a readable, unique label), ``identity``, ``facts`` (what may change) and ``probes``."""
     length = len(dataset)
@@ -219,7 +219,7 @@ def dataset_key(dataset: Any, *, data_dir: str | os.PathLike | None = None) -> d
     return {"key": f"{label}-{_digest(ident)}", "identity": ident, "facts": facts, "probes": probes}
 
 
-def kinship(old: dict, new: dict) -> int:
+def kinship(old: dict[str, Any], new: dict[str, Any]) -> int:
     """How much two ``dataset_key`` manifests share (source files, equal probed samples): 0 means two
     different datasets of one class (a train and a val set), more means one dataset that changed."""
     a, b = old.get("facts", {}), new.get("facts", {})
@@ -230,7 +230,7 @@ def kinship(old: dict, new: dict) -> int:
     return files + sum(1 for i in set(pa) & set(pb) if pa[i] == pb[i])
 
 
-def describe_change(old: dict, new: dict) -> str:
+def describe_change(old: dict[str, Any], new: dict[str, Any]) -> str:
     """What differs between two ``dataset_key`` manifests, in a few words ("labels.json modified; …")."""
     parts: list[str] = []
     a, b = old.get("facts", {}), new.get("facts", {})
