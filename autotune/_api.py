@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 
+from autotune._duration import parse_duration
+from autotune.config import LoaderConfig
+from autotune.dataset._userfile import UserSpec, check_dataset, load_user_file
+from autotune.errors import AutotuneError
+from autotune.integrations._lightning import plain_loader, resolving
 from autotune.machine import _hardware as hardware
 from autotune.machine._cpus import ranks_per_node as ranks_from
-from autotune._duration import parse_duration
-from autotune.errors import AutotuneError
 from autotune.recipe._factory import FROM_RECIPE, build_loader
 from autotune.recipe._file import Profile, RecipeFile, choose_profile
 from autotune.recipe._measured import Finalist, Measured, RunFigures, Subset
-from autotune.config import LoaderConfig
-from autotune.dataset._userfile import UserSpec, check_dataset, load_user_file
-from autotune.integrations._lightning import plain_loader, resolving
 
 if TYPE_CHECKING:
     from autotune.integrations._trainer import TrainerArguments

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from autotune.recipe._process import worker_init
 from autotune.config import LoaderConfig
+from autotune.recipe._process import worker_init
 
 
 class Transformed(Dataset[Any]):

@@ -14,8 +14,9 @@ import secrets
 import shutil
 import socket
 import stat
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Generator, Iterator, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -155,12 +156,12 @@ class Cache(torch.utils.data.Dataset[Any], abc.ABC):
     @classmethod
     @abc.abstractmethod
     def build(cls, dataset: Any, indices: Sequence[int], path: Path | str | None, *, manifest: dict[str, Any],
-              progress: bool = True, workers: int = 0) -> "Cache":
+              progress: bool = True, workers: int = 0) -> Cache:
         """Read ``dataset[i]`` for i in ``indices`` and store them; return the opened cache."""
 
     @classmethod
     @abc.abstractmethod
-    def open(cls, path: Path | str, *, manifest: dict[str, Any]) -> "Cache":
+    def open(cls, path: Path | str, *, manifest: dict[str, Any]) -> Cache:
         """Open a built cache; StaleCache/CorruptCache when it is not the expected, whole one."""
 
     def __repr__(self) -> str:
@@ -175,7 +176,7 @@ def stored_manifest(backend: str, manifest: dict[str, Any], indices: Sequence[in
         "length": len(indices),
         "indices": indices_digest(indices),
         "schema": json.loads(schema.to_json()),
-        "built": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "built": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "builder": {"pid": os.getpid(), "host": socket.gethostname(), "id": secrets.token_hex(8)},
     }
 
@@ -257,7 +258,7 @@ class DiskCache(Cache):
 
     @classmethod
     def build(cls, dataset: Any, indices: Sequence[int], path: Path | str | None, *, manifest: dict[str, Any],
-              progress: bool = True, workers: int = 0) -> "DiskCache":
+              progress: bool = True, workers: int = 0) -> DiskCache:
         if path is None:
             raise ValueError(f"The {cls.name} cache needs a directory path, but got path=None.")
         path = Path(path)
@@ -299,7 +300,7 @@ class DiskCache(Cache):
 
     # -- opening ----------------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: Path | str, *, manifest: dict[str, Any], verify: bool = False) -> "DiskCache":
+    def open(cls, path: Path | str, *, manifest: dict[str, Any], verify: bool = False) -> DiskCache:
         """Open and check a cache. Quick by default (manifest, file sizes, a few samples' checksums);
         ``verify=True`` reads every sample's checksum."""
         path = Path(path)

@@ -24,8 +24,9 @@ import itertools
 import json
 import pickle
 import struct
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -114,7 +115,7 @@ class Leaf:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Leaf":
+    def from_dict(cls, d: dict[str, Any]) -> Leaf:
         return cls(
             store=d["store"],
             kind=d.get("kind", "any"),
@@ -248,16 +249,16 @@ class Schema:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"version": SCHEMA_VERSION, "tree": self.tree, "leaves": [l.to_dict() for l in self.leaves]},
+            {"version": SCHEMA_VERSION, "tree": self.tree, "leaves": [leaf.to_dict() for leaf in self.leaves]},
             sort_keys=True,
         )
 
     @classmethod
-    def from_json(cls, text: str | dict[str, Any]) -> "Schema":
+    def from_json(cls, text: str | dict[str, Any]) -> Schema:
         d = json.loads(text) if isinstance(text, str) else text
         if d.get("version") != SCHEMA_VERSION:
             raise ValueError(f"Cache schema version must be {SCHEMA_VERSION}, but got {d.get('version')!r}.")
-        return cls(tree=d["tree"], leaves=tuple(Leaf.from_dict(l) for l in d["leaves"]))
+        return cls(tree=d["tree"], leaves=tuple(Leaf.from_dict(leaf) for leaf in d["leaves"]))
 
 
 def infer_schema(samples: Iterable[Any]) -> Schema:

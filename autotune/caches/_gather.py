@@ -8,7 +8,8 @@ through ``Dataset.__getitems__`` and ``collate_gathered`` passes it on untouched
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -101,7 +102,8 @@ class GatherDataset(Dataset[Any]):
         return Gathered(_collated(schema.tree, values))
 
 
-def cached_source(cache: Any, transform: Callable[..., Any] | None, collate_fn: Callable[..., Any] | None) -> tuple[Dataset[Any], Callable[..., Any] | None]:
+def cached_source(cache: Any, transform: Callable[..., Any] | None,
+                  collate_fn: Callable[..., Any] | None) -> tuple[Dataset[Any], Callable[..., Any] | None]:
     """The dataset a loader reads from ``cache``, and the collate function to pass with it."""
     if can_gather(cache, collate_fn, transform):
         return GatherDataset(cache), collate_gathered

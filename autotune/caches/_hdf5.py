@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from autotune.caches._base import CorruptCache, DiskCache
-from autotune.caches._codec import Schema, encode, decode
+from autotune.caches._codec import Schema, decode, encode
 
 # Imported by the first hdf5 cache built or opened, so a process that uses no such cache never loads it.
 h5py: Any = None

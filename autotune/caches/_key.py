@@ -20,8 +20,9 @@ import os
 import random
 import sys
 import sysconfig
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from autotune.caches._codec import sample_digest
 
@@ -99,7 +100,8 @@ def source_files(dataset: Any) -> dict[str, str]:
         except OSError:
             continue
         for value in list(vars(module).values()):
-            target = value if type(value).__name__ == "module" else sys.modules.get(getattr(value, "__module__", None) or "")
+            module = getattr(value, "__module__", None) or ""
+            target = value if type(value).__name__ == "module" else sys.modules.get(module)
             if target is not None and id(target) not in visited:
                 queue.append(target)
     return dict(sorted(seen.items()))
@@ -135,7 +137,8 @@ def in_memory_data(dataset: Any) -> dict[str, str]:
         for name, value in items:
             h = hashlib.blake2b(digest_size=8)
             if isinstance(value, torch.Tensor) and value.layout == torch.strided:
-                value = value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy() if value.numel() else np.zeros(0)
+                flat = value.detach().cpu().contiguous().view(-1)
+                value = flat.view(torch.uint8).numpy() if value.numel() else np.zeros(0)
             if isinstance(value, np.ndarray) and value.dtype != object and value.nbytes <= _MAX_ARRAY_BYTES:
                 h.update(f"{value.dtype.str}{value.shape}".encode())
                 h.update(np.ascontiguousarray(value).tobytes())

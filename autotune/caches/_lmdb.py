@@ -6,8 +6,9 @@ import math
 import os
 import struct
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from autotune.caches._base import CorruptCache, DiskCache
 from autotune.caches._codec import Schema, pack, unpack

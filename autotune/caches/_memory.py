@@ -5,15 +5,15 @@ from __future__ import annotations
 import itertools
 import mmap
 import multiprocessing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from autotune.caches._base import Cache, read_source, stored_manifest
-from autotune.caches._codec import encode, decode, infer_schema
-
+from autotune.caches._codec import decode, encode, infer_schema
 
 _HEAD = 8  # samples read in the calling process to fix the schema before workers start
 
@@ -75,7 +75,7 @@ class MemoryCache(Cache):
 
     @classmethod
     def build(cls, dataset: Any, indices: Sequence[int], path: Path | str | None = None, *, manifest: dict[str, Any],
-              progress: bool = True, workers: int = 0) -> "MemoryCache":
+              progress: bool = True, workers: int = 0) -> MemoryCache:
         indices = [int(i) for i in indices]
         n = len(indices)
         if n == 0:
@@ -114,7 +114,7 @@ class MemoryCache(Cache):
 
     @classmethod
     def _build_in_workers(cls, dataset: Any, indices: list[int], *, manifest: dict[str, Any], progress: bool,
-                          workers: int) -> "MemoryCache":
+                          workers: int) -> MemoryCache:
         """Forked workers decode and write each sample straight into the columns, which live in shared
         anonymous memory: nothing crosses a pipe or /dev/shm but the small blobs, and the main process,
         which would otherwise copy every sample three times while competing for the same cores, waits."""
@@ -151,7 +151,7 @@ class MemoryCache(Cache):
         return cls(stored, columns, blob_buffer, offsets, overflow)
 
     @classmethod
-    def open(cls, path: Path | str, *, manifest: dict[str, Any]) -> "MemoryCache":
+    def open(cls, path: Path | str, *, manifest: dict[str, Any]) -> MemoryCache:
         raise ValueError("The memory cache lives in the process that built it and cannot be opened from "
                          "a path; build it with MemoryCache.build() or open_or_build('memory', ...).")
 

@@ -11,11 +11,19 @@ import re
 import shutil
 import stat
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from autotune.caches._base import (
-    MANIFEST_NAME, Cache, CorruptCache, StaleCache, as_json, indices_digest, is_manifest, set_aside,
+    MANIFEST_NAME,
+    Cache,
+    CorruptCache,
+    StaleCache,
+    as_json,
+    indices_digest,
+    is_manifest,
+    set_aside,
 )
 from autotune.caches._hdf5 import Hdf5Cache
 from autotune.caches._key import describe_change, kinship
@@ -80,7 +88,7 @@ def _age(built: str | None) -> str:
         then = _dt.datetime.fromisoformat(str(built))
     except ValueError:
         return "at an unknown time"
-    seconds = max(0.0, (_dt.datetime.now(_dt.timezone.utc) - then).total_seconds())
+    seconds = max(0.0, (_dt.datetime.now(_dt.UTC) - then).total_seconds())
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= size:
             return f"{seconds / size:.0f} {unit} ago"

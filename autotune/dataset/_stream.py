@@ -9,7 +9,8 @@ import hashlib
 import itertools
 import os
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 

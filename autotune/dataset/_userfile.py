@@ -1,12 +1,14 @@
-"""Import the user's dataset file and resolve the dataset and the optional hooks it declares (docs/architecture.md §1)."""
+"""Import the user's dataset file and resolve the dataset and the optional hooks it declares
+(docs/architecture.md §1)."""
 
 from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from autotune.dataset._stream import is_stream
 from autotune.errors import DatasetError
@@ -152,7 +154,8 @@ def load_user_file(target: str, *, batch_size: int | None = None, epochs: int | 
     where = f"{name!r} in {path}"
     if not hasattr(module, name):
         found = _dataset_like_names(module)
-        hint = f"Dataset-like names in the file: {', '.join(found)}." if found else "It defines none that look like a dataset."
+        hint = (f"Dataset-like names in the file: {', '.join(found)}." if found
+                else "It defines none that look like a dataset.")
         raise DatasetError(f"{path} has no attribute {name!r}. {hint} Pass one as {path}:NAME.")
     obj = getattr(module, name)
     if callable(obj) and (isinstance(obj, type) or not looks_like_dataset(obj)):

@@ -14,9 +14,10 @@ import contextlib
 import logging
 import sys
 import warnings
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from autotune.errors import DatasetError
 
@@ -104,7 +105,7 @@ def quiet_worker_warning(profile: Any) -> None:
     measurement; said once in the log, with the figure that justifies it."""
     if "lightning" not in sys.modules and "pytorch_lightning" not in sys.modules:
         return
-    for action, message, category, *_ in warnings.filters:
+    for action, message, *_ in warnings.filters:
         if action == "ignore" and message is not None and message.pattern == WORKER_WARNING:
             return
     warnings.filterwarnings("ignore", message=WORKER_WARNING, category=UserWarning)

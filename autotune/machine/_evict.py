@@ -20,15 +20,16 @@ from __future__ import annotations
 import contextvars
 import ctypes
 import ctypes.util
-import mmap
 import functools
+import mmap
 import os
 import stat
 import sys
 import sysconfig
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from autotune.errors import AutotuneError
 

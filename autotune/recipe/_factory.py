@@ -10,20 +10,21 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from types import FrameType
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from types import FrameType
+from typing import Any
 
 from torch.utils.data import DataLoader
 
-from autotune.machine._cpus import build_workers
-from autotune.errors import AutotuneError
 from autotune._loader import make_loader, with_transform
-from autotune.recipe._process import apply_at_runtime
 from autotune.config import WORKER_ONLY as _WORKER_ONLY
 from autotune.config import ConfigError, LoaderConfig
+from autotune.errors import AutotuneError
+from autotune.machine._cpus import build_workers
+from autotune.recipe._process import apply_at_runtime
 
 log = logging.getLogger("autotune")
 

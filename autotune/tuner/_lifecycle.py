@@ -21,8 +21,8 @@ import signal
 import socket
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1

@@ -18,15 +18,16 @@ import signal
 import sys
 import time
 import warnings
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import psutil
 
-from autotune.tuner._lifecycle import trial_folder, watch_parent
-from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
+from autotune.config import LoaderConfig
 from autotune.machine._memory import format_bytes, tree_pss, tree_rss
 from autotune.recipe._process import PRELOAD_ALLOCATORS, launch_env
-from autotune.config import LoaderConfig
+from autotune.tuner._lifecycle import trial_folder, watch_parent
+from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
 
 _INHERITED: Workload | None = None  # the fork fallback hands the workload over by inheritance
 
@@ -313,7 +314,7 @@ class Runner:
                 if rank.trial_dir:
                     shutil.rmtree(rank.trial_dir, ignore_errors=True)
 
-    def _watch(self, ranks: list["_Rank"], timeout: float, should_prune: Callable[[int, float], bool] | None,
+    def _watch(self, ranks: list[_Rank], timeout: float, should_prune: Callable[[int, float], bool] | None,
                give_up_after: float | None) -> dict[str, Any]:
         from multiprocessing.connection import wait
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError

@@ -18,19 +18,19 @@ from typing import Any
 
 import optuna
 
-from autotune.errors import AutotuneError
-from autotune.tuner import _storage
-from autotune.tuner._lifecycle import remove_leftovers, stop_on_signals
-from autotune.tuner._candidates import Limits
-from autotune.tuner._measure import Plan
-from autotune.machine._memory import format_bytes
-from autotune.tuner._preparation import Setup, prepare, with_subset
-from autotune.dataset._probe import Probe
-from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, warm_forkserver
-from autotune.machine._shm import shm_rule
 from autotune.config import LoaderConfig
-from autotune.tuner._space import Space
+from autotune.dataset._probe import Probe
 from autotune.dataset._userfile import UserSpec
+from autotune.errors import AutotuneError
+from autotune.machine._memory import format_bytes
+from autotune.machine._shm import shm_rule
+from autotune.tuner import _storage
+from autotune.tuner._candidates import Limits
+from autotune.tuner._lifecycle import remove_leftovers, stop_on_signals
+from autotune.tuner._measure import Plan
+from autotune.tuner._preparation import Setup, prepare, with_subset
+from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, warm_forkserver
+from autotune.tuner._space import Space
 
 SEARCH_SHARE = 0.7  # of the budget; the rest re-measures the finalists interleaved
 ROUNDS = 3  # interleaved re-measurements of each finalist, when the budget allows
@@ -410,7 +410,8 @@ def _pool_runs(study: optuna.Study, figures: dict[LoaderConfig, list[dict[str, A
     return {c: v for c, v in _pooled_runs(study, extra=own).items() if c not in failed}
 
 
-def _pooled_runs(study: optuna.Study, extra: dict[str, list[dict[str, Any]]] | None = None) -> dict[LoaderConfig, list[dict[str, Any]]]:
+def _pooled_runs(study: optuna.Study, extra: dict[str, list[dict[str, Any]]] | None = None
+                 ) -> dict[LoaderConfig, list[dict[str, Any]]]:
     pooled: dict[str, list[dict[str, Any]]] = {}
     sources = [v for k, v in study.user_attrs.items() if k.startswith(_RUNS_PREFIX)]
     if extra and not any(v == extra for v in sources):
@@ -450,7 +451,8 @@ def _outcome(study: optuna.Study, runs: dict[LoaderConfig, list[dict[str, Any]]]
     if default not in medians:
         # The default failed its re-measurement (a timeout on a loaded machine) but the loop measured it:
         # its figure from the loop still anchors the A/B check.
-        loop = [_slim(t.user_attrs) for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        loop = [_slim(t.user_attrs) for t in done
                 if t.user_attrs.get("config_key") == _key(default) and "prediction" in t.user_attrs]
         if loop:
             medians[default] = _median_result(loop)
