@@ -100,8 +100,8 @@ def source_files(dataset: Any) -> dict[str, str]:
         except OSError:
             continue
         for value in list(vars(module).values()):
-            module = getattr(value, "__module__", None) or ""
-            target = value if type(value).__name__ == "module" else sys.modules.get(module)
+            owner = getattr(value, "__module__", None) or ""
+            target = value if type(value).__name__ == "module" else sys.modules.get(owner)
             if target is not None and id(target) not in visited:
                 queue.append(target)
     return dict(sorted(seen.items()))
