@@ -8,7 +8,6 @@ is stored in this machine's profile under ``measured["validation"]``.
 from __future__ import annotations
 
 import argparse
-
 from typing import TYPE_CHECKING
 
 from autotune._duration import format_seconds

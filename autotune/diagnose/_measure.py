@@ -33,15 +33,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from autotune.caches._codec import sample_nbytes
-from autotune.machine._cpus import usable_cpus
 from autotune._duration import format_fine
-from autotune.errors import DatasetError
 from autotune._loader import move_to
-from autotune.machine._memory import format_bytes
+from autotune.caches._codec import sample_nbytes
 from autotune.dataset._probe import probe_indices
 from autotune.dataset._userfile import UserSpec, read_sample
 from autotune.diagnose._verdict import Measurements, Verdict, judge
+from autotune.errors import DatasetError
+from autotune.machine._cpus import usable_cpus
+from autotune.machine._memory import format_bytes
 
 __all__ = ["diagnose", "measure", "measure_device", "read_files", "transfer_seconds", "default_samples"]
 

@@ -348,8 +348,8 @@ def build_report(recipe_path: str | os.PathLike[str], output: str | os.PathLike[
                  png_dir: str | os.PathLike[str] | None = None) -> ReportResult:
     """Write the HTML report for this machine's profile in ``recipe_path`` (the nearest one when none
     was tuned here), and the PNGs under ``png_dir`` when given."""
-    from autotune.machine import _hardware as hardware
     from autotune._duration import format_seconds
+    from autotune.machine import _hardware as hardware
     from autotune.machine._memory import format_bytes
     from autotune.recipe._file import RecipeFile, choose_profile
 

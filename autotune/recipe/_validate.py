@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import Sampler
 
-from autotune.machine import _evict
 from autotune.errors import AutotuneError, RecipeError
+from autotune.machine import _evict
 from autotune.tuner._measure import timed_epoch
 from autotune.tuner._predict import EpochTiming, batches_in, scale_epoch
 

@@ -17,10 +17,10 @@ from typing import Any, Callable
 import torch
 
 from autotune._loader import DeviceConsumer, Transformed, make_loader, with_transform
+from autotune.config import LoaderConfig
 from autotune.machine._memory import tree_pss
 from autotune.recipe._process import apply_at_runtime
 from autotune.tuner._predict import HEAD, EpochTiming, predict
-from autotune.config import LoaderConfig
 
 
 @dataclass
