@@ -109,6 +109,6 @@ def quiet_worker_warning(profile: Any) -> None:
         if action == "ignore" and message is not None and message.pattern == WORKER_WARNING:
             return
     warnings.filterwarnings("ignore", message=WORKER_WARNING, category=UserWarning)
-    note = (profile.measured or {}).get("note")
+    note = profile.measured.note
     log.info("autotune: Lightning's 'does not have many workers' warning is filtered: this machine's recipe "
              "chose num_workers=0 by measurement%s", f" ({note})" if note else "")

@@ -395,7 +395,8 @@ _RUNS_PREFIX = "finalist-runs:"  # a study attribute per search: its finalists' 
 
 
 def _slim(result: dict[str, Any]) -> dict[str, Any]:
-    return {k: result[k] for k in ("prediction", "epochs", "peak_memory_bytes", "measured_samples") if k in result}
+    keep = ("prediction", "epochs", "peak_memory_bytes", "measured_samples", "eviction", "build_seconds_subset")
+    return {k: result[k] for k in keep if k in result}
 
 
 def _pool_runs(study: optuna.Study, figures: dict[LoaderConfig, list[dict[str, Any]]],
