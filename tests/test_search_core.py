@@ -83,7 +83,8 @@ def test_search_picks_the_fastest_and_checks_it_against_the_default(tmp_path):
     assert not outcome.is_default
     assert outcome.default_figures["prediction"]["total_seconds"] >= 10.0
     assert DEFAULT in runner.calls  # the default is always measured, in the loop and in the A/B check
-    assert runner.calls[:3] == _priors(SPACE, DEFAULT)  # the informed priors come first, in order
+    priors = _priors(SPACE, DEFAULT)
+    assert runner.calls[:len(priors)] == priors  # the informed priors come first, in order
 
 
 def test_a_finalist_that_fails_when_measured_again_is_dropped_not_fatal(tmp_path):
@@ -175,3 +176,9 @@ def test_priors_fit_a_space_without_persistent_workers():
     assert [p.persistent_workers for p in priors] == [False, False, False]
     for prior in priors:  # each can be enqueued: it lies in the space
         assert space.suggest(optuna.trial.FixedTrial(space.params_for(prior))) == prior
+
+
+def test_without_caches_the_priors_try_one_main_thread():
+    space = Space(max_workers=2, main_threads=(None, 1, 2))
+    assert _priors(space, DEFAULT)[-1] == LoaderConfig(main_threads=1)
+    assert LoaderConfig(main_threads=1) not in _priors(SPACE, DEFAULT)  # a cache prior there instead

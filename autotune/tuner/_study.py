@@ -305,7 +305,9 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, space: Space, setup: Se
 
 def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
     """Informed first points, measured before the sampler explores: the default every recipe is checked
-    against, the usual advice (a worker per CPU, persistent), and a cache read in the main process."""
+    against, the usual advice (a worker per CPU, persistent), and a cache read in the main process; where
+    no cache is offered (a stream), the default with one main-process thread instead, since decoding in
+    the main process competes with torch's own intra-op threads on a small machine."""
     priors = [default]
     if space.max_workers:
         priors.append(LoaderConfig(num_workers=space.max_workers, prefetch_factor=2,
@@ -316,6 +318,8 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
         allocator = "glibc-tuned" if "glibc-tuned" in space.allocators else default.allocator
         cache = "memory" if "memory" in caches else caches[0]
         priors.append(replace(default, cache=cache, allocator=allocator))
+    elif 1 in space.main_threads and default.main_threads != 1:
+        priors.append(replace(default, main_threads=1))
     return priors
 
 
