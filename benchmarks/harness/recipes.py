@@ -22,6 +22,7 @@ from harness.child import Setup
 def autotune_search(spec: Any, *, budget: float, workdir: Path, **options: Any) -> tuple[Recipe, Any, dict]:
     """Run autotune's own search in-process; return (recipe, outcome, timing) with the wall time."""
     opts = SearchOptions(budget=budget, workdir=workdir / ".autotune", progress=False, **options)
+    workdir.mkdir(parents=True, exist_ok=True)  # the recipe's folder must exist before a search starts
     started_wall = time.time()
     t0 = time.perf_counter()
     recipe, outcome = search_spec(spec, opts, workdir / "autotune.json")
