@@ -171,4 +171,5 @@ def validate_recipe(recipe, spec, args) -> str:
     subset = recipe.profile.measured.subset
     # A dataset too large to read whole during a search is validated on as many batches as a trial read.
     max_batches = max(2, subset.measured // spec.batch_size) if subset and subset.extrapolated else None
-    return validate_spec(recipe, spec, recipe_path=args.output, data_dir=args.data_dir, max_batches=max_batches)
+    return validate_spec(recipe, spec, recipe_path=args.output, target=args.target, data_dir=args.data_dir,
+                         max_batches=max_batches)
