@@ -69,6 +69,8 @@ def _resolve(profile: Any, overrides: dict[str, Any], cache: Any) -> tuple[Loade
             res.sources[key] = "recipe"
     if cache != FROM_RECIPE:
         values["cache"] = cache
+        if cache != base.cache:
+            values["cache_fill"] = "build"  # the recipe's fill was chosen for its own backend
     res.sources["cache"] = "recipe" if cache == FROM_RECIPE else "caller"
     if not values["num_workers"]:
         for key in WORKER_ONLY:
@@ -130,6 +132,21 @@ def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | Pa
                                 workers=workers)
 
 
+def _filling_source(dataset: Any) -> Any:
+    """A memory cache filled while the first epoch trains, or None when the samples are random (warned)."""
+    from autotune.caches._fill import FirstEpochCache
+    from autotune.dataset._determinism import check_deterministic
+
+    deterministic, _ = check_deterministic(dataset)
+    if not deterministic:
+        warnings.warn(
+            "dataset[i] returns different samples on two reads, so the 'memory' cache is not used (it would "
+            "freeze one draw for every epoch): move the random part into transform=..., which runs after the "
+            "cache every epoch, to cache the deterministic part.", stacklevel=_caller_stacklevel())
+        return None
+    return FirstEpochCache(dataset)
+
+
 def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = None, cache: str | None = FROM_RECIPE,
                  cache_dir: str | Path | None = None, apply_process_settings: bool = True,
                  progress: bool = True, loader_cls: type[DataLoader] = DataLoader, **overrides: Any) -> DataLoader:
@@ -158,15 +175,26 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = Non
         raise AutotuneError(f"A stream (IterableDataset) cannot be cached (cache={config.cache!r}): a cache would "
                             "replay one recorded pass, freezing its order; pass cache=None.")
     source = None
+    fill = config.cache_fill if config.cache else None
+    if fill == "first_epoch" and config.cache != "memory":
+        fill = "build"  # filling while training is the memory cache's (autotune/caches/_fill.py)
+        res.not_applied.append(f"cache_fill='first_epoch' with the {config.cache} cache: it is built first")
     if config.cache:
-        source = _cached_source(dataset, config.cache, profile, cache_dir, progress, build_workers())
+        if fill == "first_epoch":
+            source = _filling_source(dataset)
+        else:
+            source = _cached_source(dataset, config.cache, profile, cache_dir, progress, build_workers())
         if source is None:
             config = config.replace(cache=None)
             res.settings["cache"], res.sources["cache"] = None, "not used: random samples"
+            fill = None
+    res.settings["cache_fill"], res.sources["cache_fill"] = fill, res.sources["cache"]
     if source is not None:
+        from autotune.caches._fill import FirstEpochCache, filling_source
         from autotune.caches._gather import cached_source
 
-        data, collate_fn = cached_source(source, transform, overrides.get("collate_fn"))
+        pick = filling_source if isinstance(source, FirstEpochCache) else cached_source
+        data, collate_fn = pick(source, transform, overrides.get("collate_fn"))
         if collate_fn is not None:
             overrides["collate_fn"] = collate_fn
     else:

@@ -75,6 +75,14 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, 
         return with_transform(workload.dataset, workload.transform, stream=True), 0.0, workload.collate_fn
     if config.cache is None:
         return Transformed(workload.dataset, workload.transform, plan.indices), 0.0, workload.collate_fn
+    if config.cache_fill == "first_epoch" and config.cache == "memory":
+        from autotune.caches._fill import FirstEpochCache, filling_source
+
+        start = time.perf_counter()
+        cache = FirstEpochCache(workload.dataset, plan.indices)  # filled by the first epoch itself
+        build_seconds = time.perf_counter() - start
+        dataset, collate_fn = filling_source(cache, workload.transform, workload.collate_fn)
+        return dataset, build_seconds, collate_fn
     from autotune import caches  # the cache family is only needed by caching candidates
 
     backend = caches.get_backend(config.cache)
