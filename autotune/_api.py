@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 
+from autotune._duration import parse_duration
+from autotune.config import LoaderConfig
+from autotune.dataset._userfile import UserSpec, check_dataset, load_user_file
+from autotune.errors import AutotuneError
+from autotune.integrations._lightning import plain_loader, resolving
 from autotune.machine import _hardware as hardware
 from autotune.machine._cpus import ranks_per_node as ranks_from
-from autotune._duration import parse_duration
-from autotune.errors import AutotuneError
 from autotune.recipe._factory import FROM_RECIPE, build_loader
 from autotune.recipe._file import Profile, RecipeFile, choose_profile
 from autotune.recipe._measured import Finalist, Measured, RunFigures, Subset
-from autotune.config import LoaderConfig
-from autotune.dataset._userfile import UserSpec, check_dataset, load_user_file
-from autotune.integrations._lightning import plain_loader, resolving
 
 if TYPE_CHECKING:
     from autotune.integrations._trainer import TrainerArguments
@@ -29,7 +30,7 @@ DEFAULT_RECIPE = "autotune.json"
 class Recipe:
     """One machine's tuned settings for one dataset, and the factory that applies them."""
 
-    def __init__(self, profile: Profile, path: str | os.PathLike | None = None, changes: list[str] | None = None):
+    def __init__(self, profile: Profile, path: str | os.PathLike[str] | None = None, changes: list[str] | None = None):
         self.profile = profile
         self.path = Path(path) if path is not None else None
         self.changes = list(changes or [])  # what differs from this machine ([] when tuned here)
@@ -50,9 +51,10 @@ class Recipe:
     def measured(self) -> Measured:
         return self.profile.measured
 
-    def dataloader(self, dataset: Any, *, transform: Callable | None = None, cache: str | None = FROM_RECIPE,
-                   cache_dir: str | os.PathLike | None = None, apply_process_settings: bool = True,
-                   progress: bool = True, **overrides: Any) -> DataLoader:
+    def dataloader(self, dataset: Any, *, transform: Callable[..., Any] | None = None,
+                   cache: str | None = FROM_RECIPE, cache_dir: str | os.PathLike[str] | None = None,
+                   apply_process_settings: bool = True,
+                   progress: bool = True, **overrides: Any) -> DataLoader[Any]:
         """A DataLoader over ``dataset`` with this recipe's settings; keyword arguments win over the recipe.
 
         ``cache="hdf5"`` (or None) forces a cache backend, ``"recipe"`` (the default) takes the recipe's;
@@ -118,7 +120,7 @@ def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
     )
 
 
-def search_spec(spec: UserSpec, opts: SearchOptions, output: str | os.PathLike | None) -> tuple[Recipe, Outcome]:
+def search_spec(spec: UserSpec, opts: SearchOptions, output: str | os.PathLike[str] | None) -> tuple[Recipe, Outcome]:
     """Search ``spec`` and, with an ``output`` path, add this machine's profile to that recipe file."""
     if output is not None:
         RecipeFile.check_target(output)  # fails now, not after the budget is spent
@@ -132,9 +134,9 @@ def search_spec(spec: UserSpec, opts: SearchOptions, output: str | os.PathLike |
 
 
 def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10, budget: str | float = "2m",
-           collate_fn: Callable | None = None, transform: Callable | None = None,
-           train_step: Callable | None = None, output: str | os.PathLike | None = DEFAULT_RECIPE,
-           storage: str | None = None, workdir: str | os.PathLike = ".autotune",
+           collate_fn: Callable[..., Any] | None = None, transform: Callable[..., Any] | None = None,
+           train_step: Callable[..., Any] | None = None, output: str | os.PathLike[str] | None = DEFAULT_RECIPE,
+           storage: str | None = None, workdir: str | os.PathLike[str] = ".autotune",
            caches: tuple[str, ...] | None = None, max_memory: int | None = None, seed: int = 0,
            progress: bool = True, samples_per_epoch: int | None = None) -> Recipe:
     """Tune a DataLoader for ``dataset`` on this machine and return the Recipe (also written to ``output``).
@@ -153,7 +155,7 @@ def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10, budget: str 
     return search_spec(spec, opts, output)[0]
 
 
-def load(path: str | os.PathLike = DEFAULT_RECIPE, *, on_mismatch: str = "warn", dataset: Any = None,
+def load(path: str | os.PathLike[str] = DEFAULT_RECIPE, *, on_mismatch: str = "warn", dataset: Any = None,
          budget: str | float = "2m", ranks_per_node: int | None = None) -> Recipe:
     """The profile for this machine from a recipe file.
 
@@ -172,7 +174,7 @@ def load(path: str | os.PathLike = DEFAULT_RECIPE, *, on_mismatch: str = "warn",
     return Recipe(profile, path, changes)
 
 
-def _search_here(nearest: Profile, path: str | os.PathLike, dataset: Any, budget: str | float,
+def _search_here(nearest: Profile, path: str | os.PathLike[str], dataset: Any, budget: str | float,
                  ranks: int = 1) -> Recipe:
     settings = nearest.settings or {}
     source = nearest.dataset.get("source", "")
@@ -193,14 +195,15 @@ def _search_here(nearest: Profile, path: str | os.PathLike, dataset: Any, budget
     return search_spec(spec, opts, path)[0]
 
 
-def dataloader(dataset: Any, path: str | os.PathLike = DEFAULT_RECIPE, *, on_mismatch: str = "warn",
-               ranks_per_node: int | None = None, **kwargs: Any) -> DataLoader:
+def dataloader(dataset: Any, path: str | os.PathLike[str] = DEFAULT_RECIPE, *, on_mismatch: str = "warn",
+               ranks_per_node: int | None = None, **kwargs: Any) -> DataLoader[Any]:
     """One step: ``load(path)`` then ``Recipe.dataloader(dataset, **kwargs)``.
 
     The one line a LightningDataModule's ``train_dataloader()`` needs; while ``autotune search`` reads
     that datamodule, it returns a plain DataLoader with torch's defaults instead (no recipe is read)."""
     calls = resolving()
     if calls is not None:
-        return plain_loader(dataset, calls, **kwargs)
+        loader: DataLoader[Any] = plain_loader(dataset, calls, **kwargs)
+        return loader
     recipe = load(path, on_mismatch=on_mismatch, dataset=dataset, ranks_per_node=ranks_per_node)
     return recipe.dataloader(dataset, **kwargs)

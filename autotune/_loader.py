@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from autotune.recipe._process import worker_init
 from autotune.config import LoaderConfig
+from autotune.recipe._process import worker_init
 
 
-class Transformed(Dataset):
+class Transformed(Dataset[Any]):
     """``transform(source[indices[i]])``: the user's per-epoch work applied after the data source."""
 
-    def __init__(self, source: Any, transform: Callable | None = None, indices: list[int] | None = None):
+    def __init__(self, source: Any, transform: Callable[..., Any] | None = None, indices: list[int] | None = None):
         self.source = source
         self.transform = transform
         self.indices = indices
@@ -27,11 +28,11 @@ class Transformed(Dataset):
         return self.transform(sample) if self.transform is not None else sample
 
 
-class TransformedStream(IterableDataset):
+class TransformedStream(IterableDataset[Any]):
     """``transform(sample)`` for each sample of a stream, in the stream's own order; the stream's own
     worker split (get_worker_info) applies unchanged."""
 
-    def __init__(self, source: Any, transform: Callable):
+    def __init__(self, source: Any, transform: Callable[..., Any]):
         self.source = source
         self.transform = transform
 
@@ -39,7 +40,7 @@ class TransformedStream(IterableDataset):
         return map(self.transform, self.source)
 
 
-def with_transform(dataset: Any, transform: Callable | None, stream: bool = False) -> Any:
+def with_transform(dataset: Any, transform: Callable[..., Any] | None, stream: bool = False) -> Any:
     """``dataset`` with the user's per-sample ``transform`` applied after it (map-style or stream)."""
     if transform is None:
         return dataset
@@ -47,7 +48,7 @@ def with_transform(dataset: Any, transform: Callable | None, stream: bool = Fals
 
 
 def make_loader(dataset: Any, config: LoaderConfig, *, user_worker_init: Callable[[int], None] | None = None,
-                loader_cls: type[DataLoader] = DataLoader, **passthrough: Any) -> DataLoader:
+                loader_cls: type[DataLoader[Any]] = DataLoader, **passthrough: Any) -> DataLoader[Any]:
     """A DataLoader (or ``loader_cls``, e.g. torchdata's StatefulDataLoader) with ``config``'s settings;
     ``passthrough`` (batch_size, sampler, collate_fn, ...) is the caller's and wins over the config.
     Process settings reach each worker via worker_init_fn."""
@@ -91,7 +92,7 @@ class DeviceConsumer:
         self.device = torch.device("cuda") if self.cuda else None
 
     def __call__(self, batch: Any) -> Any:
-        if not self.cuda:
+        if self.device is None:
             return batch
         moved = move_to(batch, self.device, self.non_blocking)
         torch.cuda.synchronize()

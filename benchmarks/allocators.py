@@ -45,8 +45,11 @@ COLUMNS = {
     "jemalloc": "jemalloc (LD_PRELOAD)",
 }
 EPOCHS = 2  # the second is reported
-LOADERS: dict[str, dict[str, Any]] = {"jpeg-0": {"num_workers": 0}, "memory-0": {"num_workers": 0},
-           "memory-2p": {"num_workers": 2, "persistent_workers": True, "multiprocessing_context": "fork"}}
+LOADERS: dict[str, dict[str, Any]] = {
+    "jpeg-0": {"num_workers": 0},
+    "memory-0": {"num_workers": 0},
+    "memory-2p": {"num_workers": 2, "persistent_workers": True, "multiprocessing_context": "fork"},
+}
 
 
 def cell(params: dict) -> Setup:

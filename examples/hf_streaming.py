@@ -45,7 +45,8 @@ def make_rows(root: Path, rows: int) -> Path:
     if (root / "state.json").exists():
         return root
     datasets.disable_progress_bars()
-    table = datasets.Dataset.from_dict({"jpg": [jpeg_bytes(i) for i in range(rows)], "label": [i % 10 for i in range(rows)]})
+    table = datasets.Dataset.from_dict({"jpg": [jpeg_bytes(i) for i in range(rows)],
+                                        "label": [i % 10 for i in range(rows)]})
     tmp = root.with_name(root.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     table.save_to_disk(str(tmp), num_shards=4)

@@ -25,7 +25,7 @@ run_all = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(run_all)
 
 # search_cost reuses article_table's search, so they share a group; the groups take about as long
-# (about 5 minutes each with the 2 CPUs loaded four times over; cpu_lstm writes no JPEGs while article_table does).
+# (measured: under 7 minutes each on 2 CPUs at a load average of 9; cpu_lstm writes no JPEGs while article_table does).
 GROUPS = (("article_table", "search_cost", "cache_memory"),
           ("cpu_lstm", "accelerator", "allocators", "process_settings"))
 MACHINE_KEYS = {"cpu_model", "usable_cpus", "memory_bytes", "torch", "described", "fingerprint"}

@@ -11,15 +11,20 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from test_codec import ZooDataset
 
-from autotune import caches
-from autotune import cli
+from autotune import caches, cli
 from autotune.caches import (
-    BACKENDS, CachedDataset, CacheRebuildWarning, CorruptCache, StaleCache, get_backend, open_or_build,
+    BACKENDS,
+    CachedDataset,
+    CacheRebuildWarning,
+    CorruptCache,
+    StaleCache,
+    get_backend,
+    open_or_build,
 )
 from autotune.caches._codec import samples_equal
 from autotune.errors import AutotuneError
-from test_codec import ZooDataset
 
 DISK = [b for b in BACKENDS if b != "memory"]
 DATA_FILE = {"pickle": "data.bin", "hdf5": "data.h5", "lmdb": "db/data.mdb"}

@@ -104,7 +104,7 @@ def test_fixed_shape_numeric_leaves_are_columns():
     schema = codec.infer_schema([zoo_sample(0), zoo_sample(1)])
     kinds = {leaf.kind for leaf in schema.columns}
     assert kinds == {"ndarray", "tensor", "int", "float", "bool", "pil"}
-    bf16 = [l for l in schema.columns if l.torch_dtype == "bfloat16"]
+    bf16 = [leaf for leaf in schema.columns if leaf.torch_dtype == "bfloat16"]
     assert bf16 and bf16[0].np_dtype.itemsize == 2
     enc = codec.encode(schema, zoo_sample(2))
     assert enc.columns is not None and len(enc.columns) == len(schema.columns)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from test_codec import ZooDataset
 
 from autotune.dataset._determinism import check_deterministic
-from test_codec import ZooDataset
 
 
 class RandomCrop(torch.utils.data.Dataset):

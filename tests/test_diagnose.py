@@ -13,8 +13,8 @@ import torch
 from torch.utils.data import Dataset
 
 from autotune import cli
-from autotune.diagnose._measure import diagnose, format_table, read_files, to_json, transfer_seconds
 from autotune.dataset._userfile import UserSpec
+from autotune.diagnose._measure import diagnose, format_table, read_files, to_json, transfer_seconds
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,13 +7,18 @@ import sys
 import threading
 
 import pytest
-
-from autotune.machine import _evict as evict
-from autotune.errors import AutotuneError
-from autotune.machine._evict import (EFFECTIVE_MAX_RESIDENT, dataset_files, files_under, fits_page_cache, record_files,
-                            resident_fraction)
-
 from evict_workloads import FileSamples, HiddenPaths, OneBigFile, page_cache_is_droppable, write_files
+
+from autotune.errors import AutotuneError
+from autotune.machine import _evict as evict
+from autotune.machine._evict import (
+    EFFECTIVE_MAX_RESIDENT,
+    dataset_files,
+    files_under,
+    fits_page_cache,
+    record_files,
+    resident_fraction,
+)
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="posix_fadvise + mincore on Linux")
 MIB = 1 << 20

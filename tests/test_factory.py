@@ -8,14 +8,13 @@ import warnings
 import pytest
 import torch
 from torch.utils.data import DataLoader
+from workloads import Numbers, double
 
 import autotune
-from autotune.machine import _hardware as hardware
 from autotune.config import LoaderConfig
+from autotune.machine import _hardware as hardware
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.recipe._measured import Measured
-
-from workloads import Numbers, double
 
 pytestmark = pytest.mark.timeout(120)
 

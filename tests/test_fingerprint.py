@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from test_codec import ZooDataset
 
 from autotune.dataset._fingerprint import dataset_fingerprint, probe_indices
-from test_codec import ZooDataset
 
 
 class Arrays(torch.utils.data.Dataset):

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from autotune.caches import MemoryCache, PickleCache
 from autotune.caches._codec import samples_equal
-from autotune.caches._gather import GatherDataset, can_gather, cached_source, collate_gathered
+from autotune.caches._gather import GatherDataset, cached_source, can_gather, collate_gathered
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,14 +18,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from workloads import Numbers
 
 import autotune
 from autotune.cli import main
 from autotune.config import LoaderConfig
 from autotune.machine import _hardware as hardware
 from autotune.recipe._file import Profile, RecipeFile
-
-from workloads import Numbers
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -94,11 +93,11 @@ def test_webdataset_unsharded_is_refused_and_the_sharded_twin_tuned(example, cap
 
 @pytest.mark.integration
 def test_webdataset_with_one_shard_gets_at_most_one_worker(example, tmp_path):
+    import os
+
     from autotune.dataset._userfile import UserSpec
     from autotune.tuner._preparation import prepare
     from autotune.tuner._study import SearchOptions
-
-    import os
 
     os.environ["AUTOTUNE_EXAMPLE_SHARDS"] = "1"
     wds_example = example("webdataset_shards")

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
 import zipfile
 from pathlib import Path
-import shutil
 
 import optuna
 import pytest
@@ -51,7 +51,7 @@ def test_a_process_that_only_builds_loaders_loads_what_its_recipe_uses(tmp_path,
     RecipeFile.merge_write(tmp_path / "autotune.json", profile)
     code = (
         "import autotune\nfrom workloads import Numbers\n"
-        f"loader = autotune.dataloader(Numbers(40), 'autotune.json', cache_dir='c', progress=False)\n"
+        "loader = autotune.dataloader(Numbers(40), 'autotune.json', cache_dir='c', progress=False)\n"
         "assert sum(len(b[1]) for b in loader) == 40"
     )
     assert _imported(code, tmp_path) == expected
@@ -71,6 +71,7 @@ def test_python_m_autotune_and_version(tmp_path):
 
 def test_search_leaves_optunas_log_level_as_it_found_it(tmp_path):
     from test_search_core import FakeRunner, _opts, _setup, _spec
+
     from autotune.tuner._study import search
 
     before = optuna.logging.get_verbosity()

@@ -3,6 +3,7 @@ the main process, in DataLoader workers and in a child started with launch_env."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -14,10 +15,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from autotune.config import LoaderConfig
 from autotune.recipe import _allocator as allocator
 from autotune.recipe import _process as process
-from autotune.errors import RecipeError
-from autotune.config import LoaderConfig
 from autotune.recipe._process import (
     ProcessSettings,
     command_line,
@@ -161,7 +161,7 @@ def test_invalid_settings_are_refused(kwargs, message):
 
 
 def test_settings_are_frozen():
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         ProcessSettings().allocator = "tcmalloc"  # type: ignore[misc]
 
 

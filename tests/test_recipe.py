@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
 
 import pytest
 
+from autotune.config import LoaderConfig
+from autotune.errors import HardwareMismatch, RecipeError
 from autotune.machine import _hardware as hardware
 from autotune.recipe import _file as recipe
-from autotune.config import LoaderConfig
-from autotune.recipe._measured import Measured, RunFigures, Subset
-from autotune.errors import HardwareMismatch, RecipeError
 from autotune.recipe._file import Profile, RecipeFile, RecipeMismatchWarning, choose_profile
+from autotune.recipe._measured import Measured, RunFigures, Subset
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = DATA / "recipe_v1.json"

@@ -8,14 +8,13 @@ import json
 import re
 
 import pytest
+from workloads import Numbers
 
 from autotune import cli
 from autotune._api import search_spec
+from autotune.dataset._userfile import UserSpec
 from autotune.diagnose._report import SECTIONS, build_report, load_trials
 from autotune.tuner._study import SearchOptions
-from autotune.dataset._userfile import UserSpec
-
-from workloads import Numbers
 
 pytestmark = pytest.mark.timeout(180)
 

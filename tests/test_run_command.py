@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.recipe import _allocator as allocator
-from autotune.machine import _hardware as hardware
-from autotune.cli._main import build_parser, main
 from autotune.cli import _run as run_cmd
+from autotune.cli._main import build_parser, main
+from autotune.machine import _hardware as hardware
+from autotune.recipe import _allocator as allocator
 from autotune.recipe._process import ProcessSettings
 
 REPO = Path(__file__).resolve().parents[1]

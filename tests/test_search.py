@@ -6,13 +6,12 @@ import json
 
 import optuna
 import pytest
+from workloads import BusErrorInWorkers, HangsInWorkers, Numbers, RaisesInWorkers
 
 from autotune._api import search_spec
-from autotune.tuner._study import SearchOptions
 from autotune.config import LoaderConfig
 from autotune.dataset._userfile import UserSpec
-
-from workloads import BusErrorInWorkers, HangsInWorkers, Numbers, RaisesInWorkers
+from autotune.tuner._study import SearchOptions
 
 pytestmark = pytest.mark.timeout(240)
 

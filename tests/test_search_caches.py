@@ -8,14 +8,13 @@ import warnings
 import optuna
 import pytest
 import torch
+from workloads import Megabytes, Noisy, Numbers, jitter
 
 import autotune
 from autotune._api import search_spec
 from autotune.caches import CacheRebuildWarning, list_caches
-from autotune.tuner._study import SearchOptions
 from autotune.dataset._userfile import UserSpec
-
-from workloads import Megabytes, Noisy, Numbers, jitter
+from autotune.tuner._study import SearchOptions
 
 pytestmark = pytest.mark.timeout(240)
 

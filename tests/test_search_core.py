@@ -36,9 +36,10 @@ class FakeRunner:
     configurations that fail; with ``best_fails_again`` the best finalist passes in the loop and fails
     when measured again (a finalist that times out in the interleaved re-measurement)."""
 
-    def __init__(self, fail=(), best_fails_again: bool = False):
+    def __init__(self, fail=(), best_fails_again: bool = False, fails_again=()):
         self.fail = set(fail)
         self.best_fails_again = best_fails_again
+        self.fails_again = set(fails_again)
         self.calls: list[LoaderConfig] = []
 
     def run(self, config, plan, *, timeout, should_prune=None, give_up_after=None, log_path=None):
@@ -46,6 +47,8 @@ class FakeRunner:
         runs = self.calls.count(config)
         if runs == 2 and self.best_fails_again and not (self.fail - {DEFAULT}):
             self.fail.add(config)  # the first configuration measured again is the best finalist
+        if runs == 2 and config in self.fails_again:
+            self.fail.add(config)
         if config in self.fail:
             raise TrialFailed(f"timed out after {timeout:.0f} s")
         total = 10.0 - 4.0 * (config.cache == "memory") - 2.0 * bool(config.num_workers)
@@ -88,10 +91,18 @@ def test_a_finalist_that_fails_when_measured_again_is_dropped_not_fatal(tmp_path
     runner = FakeRunner(best_fails_again=True)
     outcome = search(_spec(), _opts(tmp_path), setup=_setup(), runner=runner)
     (best,) = runner.fail
-    assert outcome.finalists[0]["config"] == best.to_json() and outcome.finalists[0]["total_seconds"] == []
+    assert outcome.finalists[-1] == {"config": best.to_json(), "total_seconds": []}  # shown as failed
     assert outcome.config != best and not outcome.is_default  # the next finalist, measured again, won
     assert outcome.config.cache == "memory" and outcome.config.num_workers
-    assert len(outcome.finalists[1]["total_seconds"]) >= 1
+    assert outcome.finalists[0]["config"] == outcome.config.to_json() and outcome.finalists[0]["total_seconds"]
+
+
+def test_the_default_timing_out_when_measured_again_keeps_its_loop_figure(tmp_path):
+    runner = FakeRunner(fails_again={DEFAULT})
+    outcome = search(_spec(), _opts(tmp_path), setup=_setup(), runner=runner)
+    assert not outcome.is_default and outcome.config.cache == "memory"
+    assert outcome.default_figures["prediction"]["total_seconds"] == 10.01  # its one run, in the loop
+    assert any("the plain default failed its re-measurement" in n for n in outcome.notes)
 
 
 def test_the_default_failing_everywhere_is_one_clear_error(tmp_path):

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import optuna
 import pytest
-
-from autotune.tuner import _preparation as preparation
-from autotune._api import search_spec
-from autotune.tuner._study import SearchOptions
-from autotune.dataset._userfile import UserSpec
-
 from evict_workloads import FileSamples, page_cache_is_droppable, write_files
 from workloads import FourMegabyteBatches, WithEpochs
+
+from autotune._api import search_spec
+from autotune.dataset._userfile import UserSpec
+from autotune.tuner import _preparation as preparation
+from autotune.tuner._study import SearchOptions
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.machine import _hardware as hardware
 from autotune.cli._main import main
 from autotune.config import LoaderConfig
+from autotune.machine import _hardware as hardware
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.recipe._measured import Measured
 

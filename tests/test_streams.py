@@ -7,6 +7,7 @@ import collections
 import json
 
 import pytest
+from workloads import Numbers, SizedStream, Stream, UnshardedStream, double
 
 import autotune
 from autotune.cli import main
@@ -17,8 +18,6 @@ from autotune.errors import DatasetError
 from autotune.tuner._measure import Plan, Workload, measure
 from autotune.tuner._preparation import prepare
 from autotune.tuner._study import SearchOptions
-
-from workloads import Numbers, SizedStream, Stream, UnshardedStream, double
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from autotune.cli._main import main
-from autotune.errors import DatasetError
 from autotune.dataset._userfile import load_user_file
+from autotune.errors import DatasetError
 
 GOOD = """
 import torch

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 
 import pytest
+from evict_workloads import FileSamples, page_cache_is_droppable, write_files
 
 import autotune
 from autotune import cli
-from autotune.machine import _hardware as hardware
-from autotune.tuner._predict import EpochTiming, scale_epoch
-from autotune.recipe._file import Profile, RecipeFile
 from autotune.config import LoaderConfig
+from autotune.machine import _hardware as hardware
+from autotune.recipe._file import Profile, RecipeFile
 from autotune.recipe._measured import Measured
 from autotune.recipe._validate import error_percent, store, validate
-
-from evict_workloads import FileSamples, page_cache_is_droppable, write_files
+from autotune.tuner._predict import EpochTiming, scale_epoch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,6 +39,10 @@ def write_recipe(path, *, config=None, batch_size=8):
 @pytest.fixture
 def files(tmp_path):
     return write_files(tmp_path / "data", 40, 64 << 10)
+
+
+def _extend(seen: list[int], batch) -> None:
+    seen.extend(batch[1].tolist())
 
 
 def test_error_percent():
@@ -87,8 +91,8 @@ def test_validate_with_given_files_and_seeded_order(tmp_path, files):
     recipe = autotune.load(write_recipe(tmp_path / "autotune.json"))
     orders = []
     for _ in range(2):
-        seen = []
-        v = validate(recipe, FileSamples(files), evict_paths=files[:3], train_step=lambda b: seen.extend(b[1].tolist()))
+        seen: list[int] = []
+        v = validate(recipe, FileSamples(files), evict_paths=files[:3], train_step=functools.partial(_extend, seen))
         orders.append(seen)
         assert v.files_found_by == "given" and v.eviction.files == 3
     assert orders[0] == orders[1] and sorted(orders[0][:40]) == list(range(40))

@@ -7,13 +7,20 @@ registry (:func:`get_backend`, :func:`open_or_build`) in ``_registry``.
 from autotune.caches._base import FORMAT_VERSION, Cache, CorruptCache, DiskCache, StaleCache
 from autotune.caches._dataset import CachedDataset
 from autotune.caches._hdf5 import Hdf5Cache
+from autotune.caches._key import dataset_key
 from autotune.caches._lmdb import LmdbCache
 from autotune.caches._memory import MemoryCache
 from autotune.caches._pickle import PickleCache
-from autotune.caches._key import dataset_key
 from autotune.caches._registry import (
-    BACKENDS, CacheRebuildWarning, cache_path, clear_caches, estimate_need, expected_manifest, get_backend,
-    list_caches, open_or_build,
+    BACKENDS,
+    CacheRebuildWarning,
+    cache_path,
+    clear_caches,
+    estimate_need,
+    expected_manifest,
+    get_backend,
+    list_caches,
+    open_or_build,
 )
 from autotune.caches._trust import UntrustedCache, default_root, ensure_root
 

@@ -14,8 +14,9 @@ import secrets
 import shutil
 import socket
 import stat
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -41,7 +42,7 @@ def _identity(x: Any) -> Any:
     return x
 
 
-class _Indexed(torch.utils.data.Dataset):
+class _Indexed(torch.utils.data.Dataset[Any]):
     """Positions -> ``dataset[indices[k]]`` pickled with protocol 5, a chunk of them in one uint8 tensor:
     the reader a parallel build iterates. The worker queue pickles with protocol 4, which turns
     big-endian numpy arrays little-endian; protocol-5 bytes keep every sample exact. One tensor per
@@ -65,7 +66,7 @@ _CHUNK = 16
 
 
 def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progress: bool = True,
-                desc: str = "Building cache") -> Iterator[Any]:
+                desc: str = "Building cache") -> Generator[Any, None, None]:
     """Yield ``dataset[i]`` for i in ``indices`` in order, decoded by ``workers`` DataLoader workers."""
     from tqdm.auto import tqdm
 
@@ -85,7 +86,7 @@ def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progr
                         start += length
                         bar.update(1)
             finally:
-                it._shutdown_workers()  # an interrupted build leaves no worker behind
+                it._shutdown_workers()  # type: ignore[attr-defined]  # private, and the only way: an interrupted build leaves no worker behind
         else:
             for i in indices:
                 yield dataset[i]
@@ -101,7 +102,7 @@ def as_json(obj: Any) -> Any:
     return json.loads(json.dumps(obj, sort_keys=True))
 
 
-def manifest_difference(stored: dict, expected: dict) -> str:
+def manifest_difference(stored: dict[str, Any], expected: dict[str, Any]) -> str:
     keys = sorted(set(stored) | set(expected))
     diffs = [f"{k}: cached {stored.get(k)!r}, expected {expected.get(k)!r}"
              for k in keys if stored.get(k) != expected.get(k)]
@@ -116,7 +117,7 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-class Cache(torch.utils.data.Dataset, abc.ABC):
+class Cache(torch.utils.data.Dataset[Any], abc.ABC):
     """A map-style source of exact samples: position k holds ``dataset[indices[k]]``.
 
     Picklable with no open handles: a subclass drops them in ``__getstate__`` and reopens lazily,
@@ -125,7 +126,7 @@ class Cache(torch.utils.data.Dataset, abc.ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, path: Path | None, stored: dict):
+    def __init__(self, path: Path | None, stored: dict[str, Any]):
         self.path = None if path is None else Path(path)
         self.manifest = stored  # the stored manifest: expected part, schema, length, files
         self.schema = Schema.from_json(stored["schema"])
@@ -154,20 +155,20 @@ class Cache(torch.utils.data.Dataset, abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def build(cls, dataset: Any, indices: Sequence[int], path: Path | str | None, *, manifest: dict,
-              progress: bool = True, workers: int = 0) -> "Cache":
+    def build(cls, dataset: Any, indices: Sequence[int], path: Path | str | None, *, manifest: dict[str, Any],
+              progress: bool = True, workers: int = 0) -> Cache:
         """Read ``dataset[i]`` for i in ``indices`` and store them; return the opened cache."""
 
     @classmethod
     @abc.abstractmethod
-    def open(cls, path: Path | str, *, manifest: dict) -> "Cache":
+    def open(cls, path: Path | str, *, manifest: dict[str, Any]) -> Cache:
         """Open a built cache; StaleCache/CorruptCache when it is not the expected, whole one."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(path={str(self.path)!r}, samples={len(self)})"
 
 
-def stored_manifest(backend: str, manifest: dict, indices: Sequence[int], schema: Schema) -> dict:
+def stored_manifest(backend: str, manifest: dict[str, Any], indices: Sequence[int], schema: Schema) -> dict[str, Any]:
     return {
         "format_version": FORMAT_VERSION,
         "backend": backend,
@@ -175,7 +176,7 @@ def stored_manifest(backend: str, manifest: dict, indices: Sequence[int], schema
         "length": len(indices),
         "indices": indices_digest(indices),
         "schema": json.loads(schema.to_json()),
-        "built": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "built": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "builder": {"pid": os.getpid(), "host": socket.gethostname(), "id": secrets.token_hex(8)},
     }
 
@@ -185,7 +186,7 @@ def is_manifest(stored: Any) -> bool:
     return isinstance(stored, dict) and {"format_version", "backend", "expected", "schema", "length"} <= set(stored)
 
 
-def read_manifest(path: Path) -> dict:
+def read_manifest(path: Path) -> dict[str, Any]:
     """The stored manifest of the cache directory ``path``; CorruptCache when absent or unreadable."""
     try:
         stored = json.loads((Path(path) / MANIFEST_NAME).read_text())
@@ -195,16 +196,22 @@ def read_manifest(path: Path) -> dict:
         raise CorruptCache(f"Cache manifest at {path} is unreadable ({exc}).") from None
     if not is_manifest(stored):
         raise CorruptCache(f"Cache manifest at {path} is incomplete.")
-    return stored
+    return dict(stored)
 
 
 class DiskCache(Cache):
     """Shared lifecycle of on-disk backends: atomic build into a temp directory, manifest last, lazy handles."""
 
-    def __init__(self, path: Path | None, stored: dict):
+    def __init__(self, path: Path | None, stored: dict[str, Any]):
         super().__init__(path, stored)
         self._handle: Any = None
         self._pid: int | None = None
+
+    @property
+    def folder(self) -> Path:
+        """The cache's directory (a disk cache always has one)."""
+        assert self.path is not None, "a disk cache lives in a directory"
+        return self.path
 
     # -- handles --------------------------------------------------------------------------------------
     def _get_handle(self) -> Any:
@@ -222,7 +229,7 @@ class DiskCache(Cache):
     def is_open(self) -> bool:
         return self._handle is not None
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_handle"], state["_pid"] = None, None
         return state
@@ -242,7 +249,7 @@ class DiskCache(Cache):
     # -- writing ----------------------------------------------------------------------------------------
     @classmethod
     @abc.abstractmethod
-    def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict:
+    def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict[str, Any]:
         """Write all ``n`` samples into the directory ``tmp``; return backend facts for the manifest."""
 
     @property
@@ -250,8 +257,8 @@ class DiskCache(Cache):
         return int(sum(self.manifest.get("files", {}).values()))
 
     @classmethod
-    def build(cls, dataset: Any, indices: Sequence[int], path: Path | str | None, *, manifest: dict,
-              progress: bool = True, workers: int = 0) -> "DiskCache":
+    def build(cls, dataset: Any, indices: Sequence[int], path: Path | str | None, *, manifest: dict[str, Any],
+              progress: bool = True, workers: int = 0) -> DiskCache:
         if path is None:
             raise ValueError(f"The {cls.name} cache needs a directory path, but got path=None.")
         path = Path(path)
@@ -293,7 +300,7 @@ class DiskCache(Cache):
 
     # -- opening ----------------------------------------------------------------------------------------
     @classmethod
-    def open(cls, path: Path | str, *, manifest: dict, verify: bool = False) -> "DiskCache":
+    def open(cls, path: Path | str, *, manifest: dict[str, Any], verify: bool = False) -> DiskCache:
         """Open and check a cache. Quick by default (manifest, file sizes, a few samples' checksums);
         ``verify=True`` reads every sample's checksum."""
         path = Path(path)
@@ -345,7 +352,7 @@ class DiskCache(Cache):
         self[k]
 
 
-def _check_probes(cache: Cache, probes: dict | None) -> None:
+def _check_probes(cache: Cache, probes: dict[str, Any] | None) -> None:
     """The cache's samples at the probed indices are those the live dataset returned when its key was
     taken (``_key.dataset_key``, just before this open); StaleCache naming the indices when not."""
     if not probes:

@@ -24,8 +24,9 @@ import itertools
 import json
 import pickle
 import struct
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -103,7 +104,7 @@ class Leaf:
     def row_nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.np_dtype.itemsize
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "store": self.store,
             "kind": self.kind,
@@ -114,7 +115,7 @@ class Leaf:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Leaf":
+    def from_dict(cls, d: dict[str, Any]) -> Leaf:
         return cls(
             store=d["store"],
             kind=d.get("kind", "any"),
@@ -155,7 +156,7 @@ def _leaf_for(x: Any) -> Leaf:
     return _BLOB
 
 
-def _key_json(k: Any) -> list:
+def _key_json(k: Any) -> list[Any]:
     if type(k) is str:
         return ["s", k]
     if type(k) is int:
@@ -163,7 +164,7 @@ def _key_json(k: Any) -> list:
     raise TypeError(k)
 
 
-def _key_value(j: list) -> Any:
+def _key_value(j: list[Any]) -> Any:
     return j[1] if j[0] == "s" else int(j[1])
 
 
@@ -185,7 +186,7 @@ def _build_tree(x: Any, leaves: list[Leaf]) -> Any:
     return {"t": "leaf", "i": len(leaves) - 1}
 
 
-def _flatten(tree: Any, x: Any, out: list) -> bool:
+def _flatten(tree: Any, x: Any, out: list[Any]) -> bool:
     """Append ``x``'s leaves in schema order to ``out``; False when its containers differ from ``tree``."""
     kind = tree["t"]
     if kind == "leaf":
@@ -210,7 +211,7 @@ def _flatten(tree: Any, x: Any, out: list) -> bool:
     return True
 
 
-def _unflatten(tree: Any, values: Iterator) -> Any:
+def _unflatten(tree: Any, values: Iterator[Any]) -> Any:
     kind = tree["t"]
     if kind == "leaf":
         return next(values)
@@ -248,16 +249,16 @@ class Schema:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"version": SCHEMA_VERSION, "tree": self.tree, "leaves": [l.to_dict() for l in self.leaves]},
+            {"version": SCHEMA_VERSION, "tree": self.tree, "leaves": [leaf.to_dict() for leaf in self.leaves]},
             sort_keys=True,
         )
 
     @classmethod
-    def from_json(cls, text: str | dict) -> "Schema":
+    def from_json(cls, text: str | dict[str, Any]) -> Schema:
         d = json.loads(text) if isinstance(text, str) else text
         if d.get("version") != SCHEMA_VERSION:
             raise ValueError(f"Cache schema version must be {SCHEMA_VERSION}, but got {d.get('version')!r}.")
-        return cls(tree=d["tree"], leaves=tuple(Leaf.from_dict(l) for l in d["leaves"]))
+        return cls(tree=d["tree"], leaves=tuple(Leaf.from_dict(leaf) for leaf in d["leaves"]))
 
 
 def infer_schema(samples: Iterable[Any]) -> Schema:
@@ -273,7 +274,7 @@ def infer_schema(samples: Iterable[Any]) -> Schema:
     except _NoTree:
         return Schema({"t": "leaf", "i": 0}, (_BLOB,))
     for sample in it:
-        values: list = []
+        values: list[Any] = []
         if not _flatten(tree, sample, values):
             continue  # another structure: that sample will overflow, the schema stays
         for i, v in enumerate(values):
@@ -299,10 +300,11 @@ def _column_value(leaf: Leaf, x: Any) -> np.ndarray | None:
         return x if x.flags.c_contiguous else np.array(x, order="C")
     if kind == "tensor":
         t = x.detach().resolve_conj().resolve_neg().contiguous()
-        raw = _tensor_storage(t.dtype)[1]
-        if raw is not None:
-            t = t.view(raw)
-        return t.numpy()
+        storage = _tensor_storage(t.dtype)
+        if storage is not None and storage[1] is not None:
+            t = t.view(storage[1])
+        array: np.ndarray = t.numpy()
+        return array
     if kind == "pil":
         return np.array(x, dtype=np.uint8, order="C")
     return np.array(x, dtype=leaf.np_dtype)
@@ -314,10 +316,10 @@ def _dumps(obj: Any) -> bytes:
 
 def encode(schema: Schema, sample: Any) -> Encoded:
     """Split ``sample`` into column arrays and one blob; an ill-fitting sample becomes an overflow blob."""
-    values: list = []
+    values: list[Any] = []
     if _flatten(schema.tree, sample, values):
         columns: list[np.ndarray] = []
-        blobs: list = []
+        blobs: list[Any] = []
         for leaf, v in zip(schema.leaves, values):
             if leaf.store == "blob":
                 blobs.append(v)
@@ -353,8 +355,9 @@ def _leaf_value(leaf: Leaf, a: np.ndarray) -> Any:
 def decode(schema: Schema, columns: list[np.ndarray] | None, blob: bytes | memoryview | None) -> Any:
     """Inverse of :func:`encode`. Column arrays may be read-only views into a cache buffer."""
     if columns is None:
+        assert blob is not None, "a sample stored whole is a blob"
         return pickle.loads(blob)
-    blobs = iter(pickle.loads(blob) if schema.has_blob_leaves else ())
+    blobs = iter(pickle.loads(blob) if schema.has_blob_leaves and blob is not None else ())
     cols = iter(columns)
     values = [next(blobs) if leaf.store == "blob" else _leaf_value(leaf, next(cols)) for leaf in schema.leaves]
     return _unflatten(schema.tree, iter(values))
@@ -364,7 +367,7 @@ def pack(schema: Schema, sample: Any) -> bytes:
     """One record: flag byte, the column bytes (fixed size), then the blob."""
     enc = encode(schema, sample)
     if enc.columns is None:
-        return b"\x01" + enc.blob
+        return b"\x01" + (enc.blob or b"")
     return b"".join([b"\x00", *(a.tobytes() for a in enc.columns), enc.blob or b""])
 
 

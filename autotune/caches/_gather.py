@@ -8,7 +8,8 @@ through ``Dataset.__getitems__`` and ``collate_gathered`` passes it on untouched
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,7 +49,7 @@ def _leaf_gatherable(leaf: Leaf) -> bool:
     return True
 
 
-def can_gather(cache: Any, collate_fn: Callable | None, transform: Callable | None) -> bool:
+def can_gather(cache: Any, collate_fn: Callable[..., Any] | None, transform: Callable[..., Any] | None) -> bool:
     if not isinstance(cache, MemoryCache) or collate_fn is not None or transform is not None:
         return False
     schema = cache.schema
@@ -70,7 +71,7 @@ def _batch_leaf(leaf: Leaf, rows: np.ndarray) -> torch.Tensor:
     return tensor
 
 
-def _collated(tree: dict, values: Any) -> Any:
+def _collated(tree: dict[str, Any], values: Any) -> Any:
     """The container shapes default_collate gives: tuples and lists become lists, dicts stay dicts."""
     kind = tree["t"]
     if kind == "leaf":
@@ -82,7 +83,7 @@ def _collated(tree: dict, values: Any) -> Any:
     return {_key_value(k): _collated(child, values) for k, child in zip(tree["k"], tree["c"])}
 
 
-class GatherDataset(Dataset):
+class GatherDataset(Dataset[Any]):
     """The memory cache, read a whole batch at a time."""
 
     def __init__(self, cache: MemoryCache):
@@ -101,7 +102,8 @@ class GatherDataset(Dataset):
         return Gathered(_collated(schema.tree, values))
 
 
-def cached_source(cache: Any, transform: Callable | None, collate_fn: Callable | None) -> tuple[Dataset, Callable | None]:
+def cached_source(cache: Any, transform: Callable[..., Any] | None,
+                  collate_fn: Callable[..., Any] | None) -> tuple[Dataset[Any], Callable[..., Any] | None]:
     """The dataset a loader reads from ``cache``, and the collate function to pass with it."""
     if can_gather(cache, collate_fn, transform):
         return GatherDataset(cache), collate_gathered

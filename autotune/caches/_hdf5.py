@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from autotune.caches._base import CorruptCache, DiskCache
-from autotune.caches._codec import Schema, encode, decode
+from autotune.caches._codec import Schema, decode, encode
 
 # Imported by the first hdf5 cache built or opened, so a process that uses no such cache never loads it.
 h5py: Any = None
@@ -36,14 +37,14 @@ class Hdf5Cache(DiskCache):
     name = "hdf5"
 
     @classmethod
-    def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict:
+    def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict[str, Any]:
         _require_h5py()
         cols = schema.columns
         rows = max(1, min(n, 1024, _WRITE_BYTES // max(1, schema.row_nbytes)))
         with h5py.File(tmp / FILE, "w") as f:
             dsets = []
             for j, leaf in enumerate(cols):
-                kw: dict = {}
+                kw: dict[str, Any] = {}
                 if leaf.row_nbytes > 0:
                     per_chunk = max(1, min(n, _CHUNK_BYTES // leaf.row_nbytes))
                     kw = {"chunks": (per_chunk, *leaf.shape), "fletcher32": True}
@@ -88,7 +89,7 @@ class Hdf5Cache(DiskCache):
 
     def _open_handle(self) -> Any:
         _require_h5py()
-        f = h5py.File(self.path / FILE, "r")
+        f = h5py.File(self.folder / FILE, "r")
         try:
             cols = [f[f"col{j}"] for j in range(len(self.schema.columns))]
             return f, cols, f["blob"], f["crc"][:], f["overflow"][:]
@@ -105,7 +106,7 @@ class Hdf5Cache(DiskCache):
         if zlib.crc32(data) != int(crc[k]):
             raise CorruptCache(f"Sample {k} of the cache at {self.path} fails its checksum; "
                                "clear it with `autotune cache clear` and it will be rebuilt.")
-        return data
+        return bytes(data)
 
     def __getitem__(self, k: int) -> Any:
         k = self._position(k)
@@ -120,6 +121,6 @@ class Hdf5Cache(DiskCache):
         return decode(self.schema, columns, data if self.schema.has_blob_leaves else None)
 
 
-def _chain(head: list, rest: Iterator) -> Iterator:
+def _chain(head: list[Any], rest: Iterator[Any]) -> Iterator[Any]:
     yield from head
     yield from rest

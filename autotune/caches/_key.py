@@ -20,8 +20,9 @@ import os
 import random
 import sys
 import sysconfig
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from autotune.caches._codec import sample_digest
 
@@ -58,7 +59,7 @@ def _user_file(module: Any) -> str | None:
     if not isinstance(path, str) or not path.endswith(".py"):
         return None
     real = os.path.realpath(path)
-    if real.startswith(_LIBRARY_ROOTS) or real.startswith(_PACKAGE_DIR) or "-packages" + os.sep in real:
+    if real.startswith((*_LIBRARY_ROOTS, _PACKAGE_DIR)) or "-packages" + os.sep in real:
         return None
     return real if os.path.isfile(real) else None
 
@@ -99,13 +100,14 @@ def source_files(dataset: Any) -> dict[str, str]:
         except OSError:
             continue
         for value in list(vars(module).values()):
-            target = value if type(value).__name__ == "module" else sys.modules.get(getattr(value, "__module__", None) or "")
+            owner = getattr(value, "__module__", None) or ""
+            target = value if type(value).__name__ == "module" else sys.modules.get(owner)
             if target is not None and id(target) not in visited:
                 queue.append(target)
     return dict(sorted(seen.items()))
 
 
-def identity(dataset: Any) -> dict:
+def identity(dataset: Any) -> dict[str, Any]:
     """The dataset's class and its scalar attributes: what tells a train set from a val set."""
     cls = type(dataset)
     try:
@@ -135,7 +137,8 @@ def in_memory_data(dataset: Any) -> dict[str, str]:
         for name, value in items:
             h = hashlib.blake2b(digest_size=8)
             if isinstance(value, torch.Tensor) and value.layout == torch.strided:
-                value = value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy() if value.numel() else np.zeros(0)
+                flat = value.detach().cpu().contiguous().view(-1)
+                value = flat.view(torch.uint8).numpy() if value.numel() else np.zeros(0)
             if isinstance(value, np.ndarray) and value.dtype != object and value.nbytes <= _MAX_ARRAY_BYTES:
                 h.update(f"{value.dtype.str}{value.shape}".encode())
                 h.update(np.ascontiguousarray(value).tobytes())
@@ -162,7 +165,7 @@ def _stat(paths: Iterable[str]) -> dict[str, list[int]]:
     return found
 
 
-def _files(dataset: Any, length: int, per_read: list[set[str]], data_dir: str | os.PathLike | None
+def _files(dataset: Any, length: int, per_read: list[set[str]], data_dir: str | os.PathLike[str] | None
            ) -> tuple[dict[str, list[int]], str]:
     """The source files and how they were found (the rules of ``machine._evict.dataset_files``)."""
     from autotune.machine import _evict
@@ -197,10 +200,10 @@ def _recorded_reads(dataset: Any, indices: list[int]) -> tuple[list[Any], list[s
         raw.append(seen)
     modules = _evict._module_files()
     kept = {p: _evict._keep(p, modules) for p in set().union(set(), *raw)}
-    return samples, [{kept[p] for p in seen if kept[p] is not None} for seen in raw]
+    return samples, [{k for p in seen if (k := kept[p]) is not None} for seen in raw]
 
 
-def dataset_key(dataset: Any, *, data_dir: str | os.PathLike | None = None) -> dict:
+def dataset_key(dataset: Any, *, data_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """The manifest a full cache of ``dataset`` is stored under and checked against (JSON-ready):
     ``key`` (a readable, unique label), ``identity``, ``facts`` (what may change) and ``probes``."""
     length = len(dataset)
@@ -219,7 +222,7 @@ def dataset_key(dataset: Any, *, data_dir: str | os.PathLike | None = None) -> d
     return {"key": f"{label}-{_digest(ident)}", "identity": ident, "facts": facts, "probes": probes}
 
 
-def kinship(old: dict, new: dict) -> int:
+def kinship(old: dict[str, Any], new: dict[str, Any]) -> int:
     """How much two ``dataset_key`` manifests share (source files, equal probed samples): 0 means two
     different datasets of one class (a train and a val set), more means one dataset that changed."""
     a, b = old.get("facts", {}), new.get("facts", {})
@@ -230,7 +233,7 @@ def kinship(old: dict, new: dict) -> int:
     return files + sum(1 for i in set(pa) & set(pb) if pa[i] == pb[i])
 
 
-def describe_change(old: dict, new: dict) -> str:
+def describe_change(old: dict[str, Any], new: dict[str, Any]) -> str:
     """What differs between two ``dataset_key`` manifests, in a few words ("labels.json modified; …")."""
     parts: list[str] = []
     a, b = old.get("facts", {}), new.get("facts", {})
@@ -253,7 +256,7 @@ def describe_change(old: dict, new: dict) -> str:
         parts.append(f"source files changed ({a.get('files_count')} -> {b.get('files_count')} files, "
                      f"{a.get('files_bytes')} -> {b.get('files_bytes')} bytes)")
     pa, pb = old.get("probes", {}), new.get("probes", {})
-    differ = sorted((int(i) for i in set(pa) & set(pb) if pa[i] != pb[i]))
+    differ = sorted(int(i) for i in set(pa) & set(pb) if pa[i] != pb[i])
     if differ:
         shown = ", ".join(map(str, differ[:8])) + (" …" if len(differ) > 8 else "")
         parts.append(f"sample{'s' if len(differ) > 1 else ''} {shown} differ{'s' if len(differ) == 1 else ''}")
@@ -265,4 +268,4 @@ def describe_change(old: dict, new: dict) -> str:
     return "; ".join(parts) or "the cache's manifest differs"
 
 
-__all__ = ["PROBES", "dataset_key", "describe_change", "kinship", "identity", "probe_indices", "source_files"]
+__all__ = ["PROBES", "dataset_key", "describe_change", "identity", "kinship", "probe_indices", "source_files"]

@@ -6,8 +6,9 @@ import math
 import os
 import struct
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from autotune.caches._base import CorruptCache, DiskCache
 from autotune.caches._codec import Schema, pack, unpack
@@ -42,7 +43,7 @@ def _require_lmdb() -> None:
 
 
 # py-lmdb refuses to open one environment twice in a process, so caches on the same path share it.
-_ENVS: dict[str, list] = {}  # path -> [env, users]
+_ENVS: dict[str, list[Any]] = {}  # path -> [env, users]
 _ENVS_PID: list[int] = [os.getpid()]
 
 
@@ -82,7 +83,7 @@ class LmdbCache(DiskCache):
     name = "lmdb"
 
     @classmethod
-    def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict:
+    def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict[str, Any]:
         _require_lmdb()
         per = max(len(pack(schema, s)) for s in head) + 4
         map_size = int(record_disk_bytes(per) * n * 1.25) + (32 << 20)
@@ -126,10 +127,10 @@ class LmdbCache(DiskCache):
         return {"map_size": map_size}
 
     def _open_handle(self) -> Any:
-        return _acquire(str(self.path / DB))
+        return _acquire(str(self.folder / DB))
 
     def _close_handle(self, handle: Any) -> None:
-        _release(str(self.path / DB))
+        _release(str(self.folder / DB))
 
     def _record(self, k: int) -> bytes:
         with self._get_handle().begin(buffers=False) as txn:
@@ -137,7 +138,7 @@ class LmdbCache(DiskCache):
         if value is None or len(value) < 4 or struct.unpack(">I", value[:4])[0] != zlib.crc32(value[4:]):
             raise CorruptCache(f"Sample {k} of the cache at {self.path} is missing or fails its checksum; "
                                "clear it with `autotune cache clear` and it will be rebuilt.")
-        return value
+        return bytes(value)
 
     def __getitem__(self, k: int) -> Any:
         return unpack(self.schema, memoryview(self._record(self._position(k)))[4:])
@@ -146,6 +147,6 @@ class LmdbCache(DiskCache):
         self._record(k)
 
 
-def _chain(head: list, rest: Iterator) -> Iterator:
+def _chain(head: list[Any], rest: Iterator[Any]) -> Iterator[Any]:
     yield from head
     yield from rest

@@ -30,8 +30,8 @@ import fcntl
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def lock_path(root: Path, name: str) -> Path:
@@ -91,7 +91,7 @@ class BuildLock:
             fd, self._fd = self._fd, None
             os.close(fd)  # closing the descriptor releases the flock
 
-    def __enter__(self) -> "BuildLock":
+    def __enter__(self) -> BuildLock:
         self.acquire()
         return self
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import itertools
 import mmap
 import multiprocessing
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from autotune.caches._base import Cache, read_source, stored_manifest
-from autotune.caches._codec import encode, decode, infer_schema
-
+from autotune.caches._codec import decode, encode, infer_schema
 
 _HEAD = 8  # samples read in the calling process to fix the schema before workers start
 
@@ -39,7 +39,7 @@ def _store(schema: Any, columns: list[np.ndarray], overflow: np.ndarray, blobs: 
     blobs[k] = enc.blob or b""
 
 
-class _ColumnWriter(torch.utils.data.Dataset):
+class _ColumnWriter(torch.utils.data.Dataset[Any]):
     """Position k: decode ``dataset[indices[k]]`` in a worker and write its columns in place; only the
     overflow flag and the blob (as a uint8 tensor, exact protocol-5 bytes) go back."""
 
@@ -68,14 +68,14 @@ class MemoryCache(Cache):
 
     name = "memory"
 
-    def __init__(self, stored: dict, columns: list[np.ndarray], blobs: np.ndarray, offsets: np.ndarray,
+    def __init__(self, stored: dict[str, Any], columns: list[np.ndarray], blobs: np.ndarray, offsets: np.ndarray,
                  overflow: np.ndarray):
         super().__init__(None, stored)
         self.columns, self.blobs, self.offsets, self.overflow = columns, blobs, offsets, overflow
 
     @classmethod
-    def build(cls, dataset: Any, indices: Sequence[int], path: Path | str | None = None, *, manifest: dict,
-              progress: bool = True, workers: int = 0) -> "MemoryCache":
+    def build(cls, dataset: Any, indices: Sequence[int], path: Path | str | None = None, *, manifest: dict[str, Any],
+              progress: bool = True, workers: int = 0) -> MemoryCache:
         indices = [int(i) for i in indices]
         n = len(indices)
         if n == 0:
@@ -113,8 +113,8 @@ class MemoryCache(Cache):
         return cls(stored, columns, blobs, offsets, overflow)
 
     @classmethod
-    def _build_in_workers(cls, dataset: Any, indices: list[int], *, manifest: dict, progress: bool,
-                          workers: int) -> "MemoryCache":
+    def _build_in_workers(cls, dataset: Any, indices: list[int], *, manifest: dict[str, Any], progress: bool,
+                          workers: int) -> MemoryCache:
         """Forked workers decode and write each sample straight into the columns, which live in shared
         anonymous memory: nothing crosses a pipe or /dev/shm but the small blobs, and the main process,
         which would otherwise copy every sample three times while competing for the same cores, waits."""
@@ -143,7 +143,7 @@ class MemoryCache(Cache):
                         blobs[k] = wire.numpy().tobytes() if wire is not None else b""
                     bar.update(len(batch))
             finally:
-                it._shutdown_workers()  # an interrupted build leaves no worker behind
+                it._shutdown_workers()  # type: ignore[attr-defined]  # an interrupted build leaves no worker behind
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum([len(b) for b in blobs], out=offsets[1:])
         blob_buffer = np.frombuffer(b"".join(blobs), dtype=np.uint8)
@@ -151,7 +151,7 @@ class MemoryCache(Cache):
         return cls(stored, columns, blob_buffer, offsets, overflow)
 
     @classmethod
-    def open(cls, path: Path | str, *, manifest: dict) -> "MemoryCache":
+    def open(cls, path: Path | str, *, manifest: dict[str, Any]) -> MemoryCache:
         raise ValueError("The memory cache lives in the process that built it and cannot be opened from "
                          "a path; build it with MemoryCache.build() or open_or_build('memory', ...).")
 
@@ -162,7 +162,7 @@ class MemoryCache(Cache):
 
     def __getitem__(self, k: int) -> Any:
         k = self._position(k)
-        blob = self.blobs[self.offsets[k] : self.offsets[k + 1]]
+        blob = self.blobs[self.offsets[k] : self.offsets[k + 1]].data  # a view, no copy
         if self.overflow[k]:
             return decode(self.schema, None, blob)
         return decode(self.schema, [c[k] for c in self.columns], blob if self.schema.has_blob_leaves else None)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,7 @@ class PickleCache(DiskCache):
     name = "pickle"
 
     @classmethod
-    def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict:
+    def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict[str, Any]:
         index = np.zeros((n + 1, 2), dtype=np.int64)
         pos = 0
         count = 0
@@ -42,11 +43,11 @@ class PickleCache(DiskCache):
         return {}
 
     def _open_handle(self) -> Any:
-        fd = os.open(self.path / DATA, os.O_RDONLY)
-        index = np.load(self.path / INDEX, mmap_mode="r")
+        fd = os.open(self.folder / DATA, os.O_RDONLY)
+        index = np.load(self.folder / INDEX, mmap_mode="r")
         if index.shape != (self._length + 1, 2):
             os.close(fd)
-            raise CorruptCache(f"Cache index {self.path / INDEX} has shape {index.shape}, "
+            raise CorruptCache(f"Cache index {self.folder / INDEX} has shape {index.shape}, "
                                f"but {len(self) + 1} rows were expected.")
         return fd, index
 
@@ -70,6 +71,6 @@ class PickleCache(DiskCache):
         self._record(k)
 
 
-def _chain(head: list, rest: Iterator) -> Iterator:
+def _chain(head: list[Any], rest: Iterator[Any]) -> Iterator[Any]:
     yield from head
     yield from rest

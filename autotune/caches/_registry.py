@@ -11,19 +11,27 @@ import re
 import shutil
 import stat
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from autotune.caches._base import (
-    MANIFEST_NAME, Cache, CorruptCache, StaleCache, as_json, indices_digest, is_manifest, set_aside,
+    MANIFEST_NAME,
+    Cache,
+    CorruptCache,
+    StaleCache,
+    as_json,
+    indices_digest,
+    is_manifest,
+    set_aside,
 )
-from autotune.caches._key import describe_change, kinship
-from autotune.caches._lock import BuildLock, is_free, lock_path
-from autotune.caches._trust import TAG_NAME, UntrustedCache, ensure_root, trust_problem
 from autotune.caches._hdf5 import Hdf5Cache
+from autotune.caches._key import describe_change, kinship
 from autotune.caches._lmdb import LmdbCache, record_disk_bytes
+from autotune.caches._lock import BuildLock, is_free, lock_path
 from autotune.caches._memory import MemoryCache
 from autotune.caches._pickle import PickleCache
+from autotune.caches._trust import TAG_NAME, UntrustedCache, ensure_root, trust_problem
 from autotune.errors import AutotuneError
 
 BACKENDS = ("memory", "pickle", "hdf5", "lmdb")
@@ -57,17 +65,17 @@ def estimate_need(name: str, bytes_per_sample: float, n: int) -> tuple[int, int]
     return 0, int(record_disk_bytes(bytes_per_sample + 32) * n * 1.1 + (4 << 20))
 
 
-def expected_manifest(manifest: dict, indices: Sequence[int]) -> dict:
+def expected_manifest(manifest: dict[str, Any], indices: Sequence[int]) -> dict[str, Any]:
     """The caller's manifest plus the length and a hash of the stored indices."""
     return {**as_json(manifest), "length": len(indices), "indices": indices_digest(indices)}
 
 
-def _label(manifest: dict) -> str:
+def _label(manifest: dict[str, Any]) -> str:
     key = str(manifest.get("key") or manifest.get("fingerprint") or "cache")
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", key).strip("._-")[:64] or "cache"
 
 
-def cache_path(name: str, root: Path | str, expected: dict) -> Path:
+def cache_path(name: str, root: Path | str, expected: dict[str, Any]) -> Path:
     """``root/<backend>-<label>-<digest>``: the label is the manifest's ``key`` (else its fingerprint),
     the digest covers the whole expected manifest, so another dataset, another version of one, or
     another subset of indices never shares a directory (see NOTE [cache build lock] in ``_lock``)."""
@@ -80,7 +88,7 @@ def _age(built: str | None) -> str:
         then = _dt.datetime.fromisoformat(str(built))
     except ValueError:
         return "at an unknown time"
-    seconds = max(0.0, (_dt.datetime.now(_dt.timezone.utc) - then).total_seconds())
+    seconds = max(0.0, (_dt.datetime.now(_dt.UTC) - then).total_seconds())
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= size:
             return f"{seconds / size:.0f} {unit} ago"
@@ -94,7 +102,7 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _previous(path: Path, name: str, expected: dict) -> dict | None:
+def _previous(path: Path, name: str, expected: dict[str, Any]) -> dict[str, Any] | None:
     """The other cache of the same backend and dataset class (same label) that this dataset most looks
     like a changed version of, if any: a train and a val set of one class share nothing (``kinship``)."""
     prefix = f"{name}-{_label(expected)}-"
@@ -110,7 +118,7 @@ def _previous(path: Path, name: str, expected: dict) -> dict | None:
     return max(found, key=lambda x: x[:2])[2] if found else None
 
 
-def _try_open(cls: type[Cache], path: Path, expected: dict) -> tuple[Cache | None, str]:
+def _try_open(cls: type[Cache], path: Path, expected: dict[str, Any]) -> tuple[Cache | None, str]:
     """The valid cache at ``path``, or None and why not ("" when there is none)."""
     if not os.path.lexists(path):
         return None, ""
@@ -130,7 +138,7 @@ def _remove_dead_builds(root: Path, name: str) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, manifest: dict,
+def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, manifest: dict[str, Any],
                   indices: Sequence[int] | None = None, progress: bool = True, workers: int = 0) -> Cache:
     """Open the ``name`` cache of ``dataset`` under ``root`` (default: the per-user cache folder) or
     build it, once however many processes ask (NOTE [cache build lock] in ``_lock``).
@@ -140,7 +148,7 @@ def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, ma
     directory, with a warning naming what changed. The memory backend always builds."""
     cls = get_backend(name)
     full = indices is None
-    indices = range(len(dataset)) if full else indices
+    indices = range(len(dataset)) if indices is None else indices
     expected = expected_manifest(manifest, indices)
     if not full:
         expected.pop("probes", None)  # probes are indices of the whole dataset
@@ -217,7 +225,7 @@ def _owned(path: Path) -> bool:
         return False
 
 
-def _classify(path: Path) -> dict:
+def _classify(path: Path) -> dict[str, Any]:
     """What ``path`` is, from names, modes and manifests only: no payload is ever read."""
     entry: dict[str, Any] = {"backend": None, "path": str(path), "samples": None, "nbytes": None,
                              "dataset": None, "built": None, "status": "foreign", "reason": "", "kind": "foreign"}
@@ -266,7 +274,7 @@ def _classify(path: Path) -> dict:
     return entry
 
 
-def list_caches(root: Path | str | None = None) -> list[dict]:
+def list_caches(root: Path | str | None = None) -> list[dict[str, Any]]:
     """Everything in ``root`` (default: the per-user cache folder), judged from names, modes and JSON
     manifests only: backend, path, samples, nbytes, dataset, built, status (valid / corrupt / untrusted
     / partial / building / trial leftover / trial running / foreign) and reason."""

@@ -13,7 +13,7 @@ from autotune.caches import BACKENDS, clear_caches, default_root, list_caches
 _TRIALS = Path("cache") / "trials"  # under a search's --workdir
 
 
-def _size(n: int | None) -> str:
+def _size(n: float | None) -> str:
     if n is None:
         return "-"
     for unit in ("B", "KiB", "MiB", "GiB"):

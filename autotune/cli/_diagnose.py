@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "transform, collate, worker-to-main transfer, pinning (with CUDA) and the consumer alone; print "
         "the ceilings they imply and a verdict: loader-bound or consumer-bound, and what can help.",
     )
-    p.add_argument("target", metavar="PATH[:NAME]", help="Python file defining the dataset (NAME defaults to 'dataset')")
+    p.add_argument("target", metavar="PATH[:NAME]",
+                   help="Python file defining the dataset (NAME defaults to 'dataset')")
     p.add_argument("--batch-size", type=int, help="batch size (default: the file's batch_size, else 32)")
     p.add_argument("--samples", type=int, help="samples in the measured subset (default: 4 batches, at least 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the subset (default 0)")
@@ -54,8 +55,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.diagnose._measure import diagnose, format_table, to_json
     from autotune.dataset._userfile import load_user_file, require_map_style
+    from autotune.diagnose._measure import diagnose, format_table, to_json
 
     for flag in ("batch_size", "samples"):
         value = getattr(args, flag)

@@ -6,8 +6,15 @@ import argparse
 import math
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from autotune._duration import format_seconds, parse_duration
 from autotune.errors import AutotuneError
+
+if TYPE_CHECKING:
+    from autotune._api import Recipe
+    from autotune.dataset._userfile import UserSpec
+    from autotune.tuner._study import Outcome, SearchOptions
 
 
 def parse_size(text: str) -> int:
@@ -70,7 +77,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def options_from(args: argparse.Namespace):
+def options_from(args: argparse.Namespace) -> SearchOptions:
     from autotune.tuner._study import SearchOptions
 
     for flag in ("batch_size", "epochs", "max_workers", "samples_per_epoch"):
@@ -100,8 +107,9 @@ def options_from(args: argparse.Namespace):
     )
 
 
-def summary(recipe, outcome, output: str | None) -> str:
+def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
     from autotune.machine._memory import format_bytes
+    from autotune.recipe._measured import Subset
 
     m = recipe.profile.measured
     lines = []
@@ -111,26 +119,27 @@ def summary(recipe, outcome, output: str | None) -> str:
         lines.append(f"{len(outcome.failed)} candidate(s) failed, e.g.: {outcome.failed[0]}")
     lines.append(f"Best DataLoader settings ({'the plain default' if m.is_default else 'tuned'}):")
     lines.append(f"  {recipe.config.describe()}")
-    mine, theirs = m.chosen, m.default
-    ratio = mine.epoch_seconds / theirs.epoch_seconds
+    # a search just made this profile: every figure below is there
+    epoch, d_epoch = m.chosen.epoch_seconds or 0.0, m.default.epoch_seconds or 0.0
+    total, d_total = m.chosen.total_seconds or 0.0, m.default.total_seconds or 0.0
+    sub = m.subset or Subset(measured=0, length=0)
     lines.append(
-        f"  epoch: {format_seconds(mine.epoch_seconds)} vs {format_seconds(theirs.epoch_seconds)} for the default "
-        f"(num_workers=0): {ratio:.2f}x the default's time"
+        f"  epoch: {format_seconds(epoch)} vs {format_seconds(d_epoch)} for the default "
+        f"(num_workers=0): {epoch / d_epoch if d_epoch else 1.0:.2f}x the default's time"
     )
     lines.append(
         f"  whole run ({recipe.profile.settings['epochs']} epochs"
-        f"{', cache build included' if recipe.config.cache else ''}): {format_seconds(mine.total_seconds)} vs "
-        f"{format_seconds(theirs.total_seconds)}: {m.speedup:.2f}x faster"
+        f"{', cache build included' if recipe.config.cache else ''}): {format_seconds(total)} vs "
+        f"{format_seconds(d_total)}: {m.speedup or 1.0:.2f}x faster"
     )
-    lines.append(f"  peak memory (main + workers, PSS): {format_bytes(m.peak_memory_bytes)}")
-    sub = m.subset
+    lines.append(f"  peak memory (main + workers, PSS): {format_bytes(m.peak_memory_bytes or 0)}")
     scope = f"a seeded subset of {sub.measured} of {sub.length} samples, extrapolated" if sub.extrapolated \
         else f"all {sub.length} samples"
     if recipe.profile.dataset.get("stream"):
         scope = f"the stream's first {sub.measured} samples" + (
             f" of {sub.length} per epoch, extrapolated" if sub.extrapolated else "")
     lines.append(f"  measured on {scope}; {m.trials} trials ({m.pruned_trials} pruned, "
-                 f"{m.failed_trials} failed) in {format_seconds(m.search_seconds)}")
+                 f"{m.failed_trials} failed) in {format_seconds(m.search_seconds or 0.0)}")
     if m.note and m.is_default:
         lines.append(f"  {m.note}")
     if output:
@@ -158,13 +167,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _spec_is_stream(spec) -> bool:
+def _spec_is_stream(spec: UserSpec) -> bool:
     from autotune.dataset._stream import is_stream
 
     return is_stream(spec.dataset)
 
 
-def validate_recipe(recipe, spec, args) -> str:
+def validate_recipe(recipe: Recipe, spec: UserSpec, args: argparse.Namespace) -> str:
     """Run the recipe for real and store predicted against measured in the recipe file."""
     from autotune.cli._validate import validate_spec
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 from torch.utils.data import default_collate
 
-from autotune.machine._shm import batch_bytes
 from autotune.dataset._userfile import UserSpec, read_sample
+from autotune.machine._shm import batch_bytes
 
 
 @dataclass(frozen=True)

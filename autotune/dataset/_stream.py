@@ -9,7 +9,8 @@ import hashlib
 import itertools
 import os
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -70,7 +71,8 @@ def local_shard_files(obj: Any) -> list[str]:
 
 def first_samples(obj: Any, count: int) -> tuple[list[Any], list[float]]:
     """The stream's first ``count`` samples, read in this process, and the seconds each took."""
-    samples, seconds = [], []
+    samples: list[Any] = []
+    seconds: list[float] = []
     try:
         iterator = iter(obj)
         while len(samples) < count:
@@ -126,7 +128,7 @@ def _read_with_workers(obj: Any, workers: int, count: int, timeout: float) -> li
     from torch.utils.data import DataLoader
 
     loader = DataLoader(obj, batch_size=None, num_workers=workers, collate_fn=_identity,
-                        **({"timeout": timeout} if workers else {}))
+                        timeout=timeout if workers else 0)
     iterator = iter(loader)
     try:
         return [sample_key(s) for s in itertools.islice(iterator, count)]

@@ -1,12 +1,14 @@
-"""Import the user's dataset file and resolve the dataset and the optional hooks it declares (docs/architecture.md §1)."""
+"""Import the user's dataset file and resolve the dataset and the optional hooks it declares
+(docs/architecture.md §1)."""
 
 from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from autotune.dataset._stream import is_stream
 from autotune.errors import DatasetError
@@ -23,9 +25,9 @@ class UserSpec:
     source: str
     batch_size: int = DEFAULT_BATCH_SIZE
     epochs: int = DEFAULT_EPOCHS
-    collate_fn: Callable | None = None
-    transform: Callable | None = None
-    train_step: Callable | None = None
+    collate_fn: Callable[..., Any] | None = None
+    transform: Callable[..., Any] | None = None
+    train_step: Callable[..., Any] | None = None
     # Samples in one epoch of a stream without __len__ (an IterableDataset is measured over a bounded
     # number of batches, and the epoch extrapolated from them when its length is known).
     samples_per_epoch: int | None = None
@@ -84,7 +86,7 @@ def _int_hook(module: Any, name: str, default: int, where: str) -> int:
     return value
 
 
-def _callable_hook(module: Any, name: str, where: str) -> Callable | None:
+def _callable_hook(module: Any, name: str, where: str) -> Callable[..., Any] | None:
     value = getattr(module, name, None)
     if value is not None and not callable(value):
         raise DatasetError(f"{name} in {where} must be callable, but got a {type(value).__name__}.")
@@ -152,7 +154,8 @@ def load_user_file(target: str, *, batch_size: int | None = None, epochs: int | 
     where = f"{name!r} in {path}"
     if not hasattr(module, name):
         found = _dataset_like_names(module)
-        hint = f"Dataset-like names in the file: {', '.join(found)}." if found else "It defines none that look like a dataset."
+        hint = (f"Dataset-like names in the file: {', '.join(found)}." if found
+                else "It defines none that look like a dataset.")
         raise DatasetError(f"{path} has no attribute {name!r}. {hint} Pass one as {path}:NAME.")
     obj = getattr(module, name)
     if callable(obj) and (isinstance(obj, type) or not looks_like_dataset(obj)):
@@ -166,17 +169,17 @@ def load_user_file(target: str, *, batch_size: int | None = None, epochs: int | 
     from autotune.integrations._lightning import Resolved, is_datamodule, resolve_datamodule
 
     # A LightningDataModule: its training loader's dataset, batch size and collate_fn (the file's hooks win).
-    found = resolve_datamodule(obj, where) if is_datamodule(obj) else Resolved(obj)
-    obj = found.dataset
+    resolved = resolve_datamodule(obj, where) if is_datamodule(obj) else Resolved(obj)
+    obj = resolved.dataset
     check_dataset(obj, where)
     stream = is_stream(obj)
     spec = UserSpec(
         dataset=obj,
         source=f"{path}:{name}",
-        batch_size=batch_size or _int_hook(module, "batch_size", found.batch_size or DEFAULT_BATCH_SIZE, str(path)),
+        batch_size=batch_size or _int_hook(module, "batch_size", resolved.batch_size or DEFAULT_BATCH_SIZE, str(path)),
         epochs=epochs or _int_hook(module, "epochs", DEFAULT_EPOCHS, str(path)),
-        collate_fn=_callable_hook(module, "collate_fn", str(path)) or found.collate_fn,
-        transform=_callable_hook(module, "transform", str(path)) or found.transform,
+        collate_fn=_callable_hook(module, "collate_fn", str(path)) or resolved.collate_fn,
+        transform=_callable_hook(module, "transform", str(path)) or resolved.transform,
         train_step=_callable_hook(module, "train_step", str(path)),
         samples_per_epoch=samples_per_epoch or (
             _int_hook(module, "samples_per_epoch", 1, str(path)) if hasattr(module, "samples_per_epoch") else None),

@@ -14,9 +14,10 @@ import contextlib
 import logging
 import sys
 import warnings
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from autotune.errors import DatasetError
 
@@ -33,8 +34,8 @@ class Resolved:
 
     dataset: Any
     batch_size: int | None = None
-    collate_fn: Callable | None = None
-    transform: Callable | None = None
+    collate_fn: Callable[..., Any] | None = None
+    transform: Callable[..., Any] | None = None
 
 
 _RESOLVING: ContextVar[list[Resolved] | None] = ContextVar("autotune_resolving", default=None)
@@ -55,7 +56,7 @@ def _recording() -> Iterator[list[Resolved]]:
         _RESOLVING.reset(token)
 
 
-def plain_loader(dataset: Any, calls: list[Resolved], *, transform: Callable | None = None,
+def plain_loader(dataset: Any, calls: list[Resolved], *, transform: Callable[..., Any] | None = None,
                  **kwargs: Any) -> Any:
     """What ``autotune.dataloader`` returns while a datamodule is resolved: torch's defaults."""
     from torch.utils.data import DataLoader
@@ -104,7 +105,7 @@ def quiet_worker_warning(profile: Any) -> None:
     measurement; said once in the log, with the figure that justifies it."""
     if "lightning" not in sys.modules and "pytorch_lightning" not in sys.modules:
         return
-    for action, message, category, *_ in warnings.filters:
+    for action, message, *_ in warnings.filters:
         if action == "ignore" and message is not None and message.pattern == WORKER_WARNING:
             return
     warnings.filterwarnings("ignore", message=WORKER_WARNING, category=UserWarning)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 __all__ = ["usable_cpus", "cpu_limits", "cgroup_quota", "ranks_per_node"]
 
@@ -142,7 +143,7 @@ def cpu_limits(
     cgroup_root: str | Path = "/sys/fs/cgroup",
     affinity: set[int] | None = None,
     cgroup_path: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The usable CPU count and where it came from.
 
     Returns a dict with ``usable_cpus`` (int), ``logical_cpus`` (``os.cpu_count()``),
@@ -195,12 +196,12 @@ def usable_cpus(
     cgroup_path: str | None = None,
 ) -> int:
     """CPUs this process may use: min(affinity, floor(cgroup quota)) // ranks_per_node, at least 1."""
-    return cpu_limits(
+    return int(cpu_limits(
         ranks_per_node, cgroup_root=cgroup_root, affinity=affinity, cgroup_path=cgroup_path
-    )["usable_cpus"]
+    )["usable_cpus"])
 
 
-def ranks_per_node(explicit: int | None = None, environ: dict | None = None) -> int:
+def ranks_per_node(explicit: int | None = None, environ: dict[str, Any] | None = None) -> int:
     """Training processes sharing this node: ``explicit`` when given, else torchrun's ``LOCAL_WORLD_SIZE``
     (set in every rank it starts), else 1."""
     if explicit is not None:

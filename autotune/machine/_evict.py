@@ -20,14 +20,16 @@ from __future__ import annotations
 import contextvars
 import ctypes
 import ctypes.util
+import functools
 import mmap
 import os
 import stat
 import sys
 import sysconfig
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from autotune.errors import AutotuneError
 
@@ -79,7 +81,7 @@ def _reads(mode: Any, flags: Any) -> bool:
     return True
 
 
-def _hook(event: str, args: tuple) -> None:
+def _hook(event: str, args: tuple[Any, ...]) -> None:
     if event != "open":
         return
     sinks = _recording.get()
@@ -148,7 +150,7 @@ def record_files(fn: Callable[[], Any]) -> tuple[Any, set[str]]:
     return result, files
 
 
-def files_under(folder: str | os.PathLike) -> set[str]:
+def files_under(folder: str | os.PathLike[str]) -> set[str]:
     """Every regular file below ``folder`` (symbolic links followed to their files), resolved."""
     root = os.fspath(folder)
     if not os.path.isdir(root):
@@ -165,7 +167,7 @@ def files_under(folder: str | os.PathLike) -> set[str]:
     return found
 
 
-def _path_lists(obj: Any, length: int, depth: int = 2) -> Iterable[list]:
+def _path_lists(obj: Any, length: int, depth: int = 2) -> Iterable[list[Any] | tuple[Any, ...]]:
     """Lists or tuples of ``length`` items among ``obj``'s attributes (and those of wrapped datasets)."""
     try:
         items = vars(obj)
@@ -206,7 +208,7 @@ def dataset_files(dataset: Any, indices: Iterable[int], *, probe: int = 8) -> tu
     probed = indices[:: max(1, len(indices) // probe)][:probe] if indices else []
     per_read: list[tuple[int, set[str]]] = []
     for i in probed:
-        per_read.append((i, record_files(lambda i=i: dataset[i])[1]))
+        per_read.append((i, record_files(functools.partial(dataset.__getitem__, i))[1]))
     if not per_read:
         return set(), "no indices"
     first = per_read[0][1]
@@ -224,7 +226,7 @@ def dataset_files(dataset: Any, indices: Iterable[int], *, probe: int = 8) -> tu
             return {p for p in found if p is not None}, "path list"
     files: set[str] = set()
     for i in indices:
-        files |= record_files(lambda i=i: dataset[i])[1]
+        files |= record_files(functools.partial(dataset.__getitem__, i))[1]
     return files, "recorded"
 
 
@@ -274,7 +276,7 @@ def _resident_pages(fd: int, size: int) -> int | None:
     return resident
 
 
-def resident_fraction(path: str | os.PathLike) -> float | None:
+def resident_fraction(path: str | os.PathLike[str]) -> float | None:
     """The share of ``path``'s pages in the page cache now (0.0 to 1.0), read with ``mincore``.
 
     Mapping a file and asking ``mincore`` reads nothing from it.  None where the OS has no mincore or
@@ -331,7 +333,7 @@ def _weighted(pairs: list[tuple[int, float | None]]) -> float | None:
     return sum(size * frac for size, frac in known) / total
 
 
-def evict(paths: Iterable[str | os.PathLike]) -> EvictionReport:
+def evict(paths: Iterable[str | os.PathLike[str]]) -> EvictionReport:
     """Drop ``paths`` from the page cache with ``posix_fadvise(POSIX_FADV_DONTNEED)`` and check it."""
     paths = sorted({os.fspath(p) for p in paths})
     advise = getattr(os, "posix_fadvise", None)
@@ -420,7 +422,7 @@ class SourceFiles:
         return bool(self.files) and not fits_page_cache(self.total_bytes)
 
 
-def source_files(dataset: Any, indices: list[int], length: int, data_dir: str | os.PathLike | None = None
+def source_files(dataset: Any, indices: list[int], length: int, data_dir: str | os.PathLike[str] | None = None
                  ) -> SourceFiles:
     """What to evict before a cold measurement of ``indices``: ``--data-dir``'s files, else those
     ``dataset[i]`` opens; with the whole dataset's size scaled from the subset's."""

@@ -1,4 +1,4 @@
-"""Recipe -> DataLoader: the tuned settings, the caller's overrides, and a report of where each came from.
+"""Recipe -> DataLoader[Any]: the tuned settings, the caller's overrides, and a report of where each came from.
 
 Order of precedence, resolved here and nowhere else: caller's keyword > recipe > DataLoader's default.
 The caller's batch composition (collate_fn, shuffle, sampler, batch_sampler, drop_last, generator)
@@ -8,20 +8,23 @@ always passes through untouched.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from types import FrameType
+from typing import Any
 
 from torch.utils.data import DataLoader
 
-from autotune.machine._cpus import build_workers
-from autotune.errors import AutotuneError
 from autotune._loader import make_loader, with_transform
-from autotune.recipe._process import apply_at_runtime
 from autotune.config import WORKER_ONLY as _WORKER_ONLY
 from autotune.config import ConfigError, LoaderConfig
+from autotune.errors import AutotuneError
+from autotune.machine._cpus import build_workers
+from autotune.recipe._process import apply_at_runtime
 
 log = logging.getLogger("autotune")
 
@@ -49,7 +52,8 @@ _PACKAGE_DIR = str(Path(__file__).resolve().parent)
 
 def _caller_stacklevel() -> int:
     """The warnings stacklevel of the first frame outside autotune, so a warning points at the user's line."""
-    level, frame = 1, sys._getframe(1)
+    level = 1
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         level += 1
         frame = frame.f_back
@@ -112,8 +116,8 @@ def cache_location(profile: Any, dataset: Any, cache_dir: str | Path | None = No
     return caches.cache_path(backend, root, manifest)
 
 
-def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | Path | None, progress: bool,
-                   workers: int) -> Any:
+def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os.PathLike[str] | None,
+                   progress: bool, workers: int) -> Any:
     """The opened (or built) cache of ``dataset``, or None when its samples are random: one warning
     then, since a cache would freeze one draw of them for every epoch."""
     from autotune import caches
@@ -128,7 +132,8 @@ def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | Pa
             stacklevel=_caller_stacklevel())
         return None
     manifest = {} if backend == "memory" else cache_manifest(dataset, _data_dir(profile))
-    return caches.open_or_build(backend, dataset, root=cache_dir, manifest=manifest, progress=progress,
+    root = None if cache_dir is None else os.fspath(cache_dir)
+    return caches.open_or_build(backend, dataset, root=root, manifest=manifest, progress=progress,
                                 workers=workers)
 
 
@@ -147,9 +152,10 @@ def _filling_source(dataset: Any) -> Any:
     return FirstEpochCache(dataset)
 
 
-def build_loader(profile: Any, dataset: Any, *, transform: Callable | None = None, cache: str | None = FROM_RECIPE,
-                 cache_dir: str | Path | None = None, apply_process_settings: bool = True,
-                 progress: bool = True, loader_cls: type[DataLoader] = DataLoader, **overrides: Any) -> DataLoader:
+def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | None = None,
+                 cache: str | None = FROM_RECIPE, cache_dir: str | os.PathLike[str] | None = None,
+                 apply_process_settings: bool = True, progress: bool = True,
+                 loader_cls: type[DataLoader[Any]] = DataLoader, **overrides: Any) -> DataLoader[Any]:
     """A DataLoader over ``dataset`` with the profile's settings; see the module docstring for precedence.
     ``loader_cls`` builds another DataLoader subclass with the same arguments (torchdata's StatefulDataLoader)."""
     from autotune.dataset._stream import is_stream

@@ -22,13 +22,14 @@ import json
 import os
 import secrets
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from autotune.machine import _hardware
 from autotune.config import LoaderConfig
 from autotune.errors import HardwareMismatch, RecipeError
+from autotune.machine import _hardware
 from autotune.recipe._measured import Measured
 
 __all__ = [
@@ -68,7 +69,7 @@ def _autotune_version() -> str:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
 
 
 # ---------------------------------------------------------------------------- Profile
@@ -115,7 +116,7 @@ class Profile:
         return out
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Profile":
+    def from_dict(cls, data: Any) -> Profile:
         """Build a profile from its JSON form, every value checked for type and bounds; RecipeError
         (without a file name) naming the first problem when it is not a valid profile."""
         if not isinstance(data, dict):
@@ -262,7 +263,7 @@ class RecipeFile:
     path: Path | None = None
 
     @classmethod
-    def read(cls, path: str | os.PathLike[str]) -> "RecipeFile":
+    def read(cls, path: str | os.PathLike[str]) -> RecipeFile:
         """Read and validate a recipe file, converting an older format version.  RecipeError, one
         line naming the file and the fix, for a missing, unreadable, corrupt or future file."""
         path = Path(path)
@@ -302,14 +303,15 @@ class RecipeFile:
         return cls(profiles=profiles, path=path)
 
     @classmethod
-    def check_target(cls, path: str | os.PathLike) -> None:
+    def check_target(cls, path: str | os.PathLike[str]) -> None:
         """Raise RecipeError now when ``merge_write(path, ...)`` would fail later: an existing file that is
         unreadable, corrupt, of a newer version or not writable, or a folder that is missing or read-only."""
         path = Path(path)
         if path.exists() or path.is_symlink():
             cls.read(path)
             if not os.access(path, os.W_OK):
-                raise RecipeError(f"Recipe file {path} is not writable; fix its permissions or pass --output OTHER.json.")
+                raise RecipeError(
+                    f"Recipe file {path} is not writable; fix its permissions or pass --output OTHER.json.")
         folder = path.parent
         if not folder.is_dir():
             raise RecipeError(f"The folder of the recipe file {path} does not exist; create it or pass another path.")
@@ -338,7 +340,7 @@ class RecipeFile:
         return target
 
     @classmethod
-    def merge_write(cls, path: str | os.PathLike[str], profile: Profile) -> "RecipeFile":
+    def merge_write(cls, path: str | os.PathLike[str], profile: Profile) -> RecipeFile:
         """Re-read the file now on disk (if any), add ``profile``, and write it back atomically,
         keeping the other machines' profiles.  A corrupt or future file raises RecipeError and is
         not written over.  Concurrent writers are serialised by an advisory lock where the OS has

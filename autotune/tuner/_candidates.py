@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from autotune.machine._memory import format_bytes
 from autotune.dataset._probe import Probe
+from autotune.machine._memory import format_bytes
 from autotune.tuner._space import Space, start_methods
 
 

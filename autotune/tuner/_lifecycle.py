@@ -21,8 +21,8 @@ import signal
 import socket
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
@@ -71,7 +71,7 @@ def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     the call does not exist. Cleared across fork, so each process that wants it must ask itself."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+        return bool(libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
@@ -115,7 +115,7 @@ def _host() -> str:
     return "".join(c if c.isalnum() or c in "._" else "_" for c in name)[:64]
 
 
-def trial_folder(root: str | os.PathLike) -> str:
+def trial_folder(root: str | os.PathLike[str]) -> str:
     """A new, empty folder for one trial under ``root``: ``trial-HOST-PID-RANDOM``."""
     os.makedirs(root, exist_ok=True)
     return tempfile.mkdtemp(prefix=f"{_PREFIX}{_host()}-{os.getpid()}-", dir=root)
@@ -141,7 +141,7 @@ def is_leftover(path: Path) -> bool:
     return host == _host() and not _alive(pid)
 
 
-def leftover_trials(root: str | os.PathLike) -> list[Path]:
+def leftover_trials(root: str | os.PathLike[str]) -> list[Path]:
     """The trial folders under ``root`` left by searches that were killed (see ``is_leftover``)."""
     root = Path(root)
     if not root.is_dir():
@@ -158,7 +158,7 @@ def folder_bytes(path: Path) -> int:
     return total
 
 
-def remove_leftovers(root: str | os.PathLike) -> list[Path]:
+def remove_leftovers(root: str | os.PathLike[str]) -> list[Path]:
     """Remove the leftover trial folders under ``root``; the ones removed."""
     removed = leftover_trials(root)
     for path in removed:

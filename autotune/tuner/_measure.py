@@ -30,9 +30,9 @@ class Workload:
     dataset: Any
     batch_size: int
     epochs: int
-    collate_fn: Callable | None = None
-    transform: Callable | None = None
-    train_step: Callable | None = None
+    collate_fn: Callable[..., Any] | None = None
+    transform: Callable[..., Any] | None = None
+    train_step: Callable[..., Any] | None = None
     fingerprint: str = ""
 
 
@@ -69,7 +69,7 @@ def _consumer(workload: Workload, config: LoaderConfig) -> Callable[[Any], Any]:
     return workload.train_step if workload.train_step is not None else DeviceConsumer(config.pin_memory)
 
 
-def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, float, Callable | None]:
+def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, float, Callable[..., Any] | None]:
     """The dataset the loader reads, the seconds spent building its cache (on the subset), the collate."""
     if plan.stream:
         return with_transform(workload.dataset, workload.transform, stream=True), 0.0, workload.collate_fn
@@ -129,7 +129,7 @@ class TrialStopped(Exception):
     """The search asked this trial to stop (pruned): unwind normally so the workers shut down cleanly."""
 
 
-def _evict(plan: Plan) -> dict | None:
+def _evict(plan: Plan) -> dict[str, Any] | None:
     if not plan.files:
         return None
     from autotune.machine._evict import evict
@@ -137,7 +137,7 @@ def _evict(plan: Plan) -> dict | None:
     return evict(plan.files).to_dict()
 
 
-def timed_epoch(loader: Any, consume: Callable, *, sample_memory: bool = False,
+def timed_epoch(loader: Any, consume: Callable[..., Any], *, sample_memory: bool = False,
                 on_batch: Callable[[int, float, float], None] | None = None,
                 should_stop: Callable[[], bool] | None = None, batches: int | None = None) -> tuple[EpochTiming, int]:
     """Time one epoch under the consumer; returns its timing and the memory read at its end (0 when not
@@ -178,7 +178,7 @@ def timed_epoch(loader: Any, consume: Callable, *, sample_memory: bool = False,
 
 
 def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report | None = None,
-            should_stop: Callable[[], bool] | None = None) -> dict:
+            should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Run ``plan.epochs_measured`` epochs of ``config`` over the plan's indices; return the figures.
 
     Process settings (allocator, thread counts) are applied to this process: call it in a fresh one.
@@ -187,10 +187,10 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     evictions = [_evict(plan)]  # before the cache build too: it reads the source files
     dataset, build_seconds, collate_fn = _source(workload, config, plan)
     generator = torch.Generator().manual_seed(plan.seed)
+    order: dict[str, Any] = {} if plan.stream else {"shuffle": True}  # a stream keeps its own order
     loader = make_loader(
         dataset, config, batch_size=workload.batch_size, generator=generator, collate_fn=collate_fn,
-        **({} if plan.stream else {"shuffle": True}),
-        **({"timeout": plan.batch_timeout} if config.num_workers else {}),
+        timeout=plan.batch_timeout if config.num_workers else 0, **order,
     )
     consume = _consumer(workload, config)
     n = len(plan.indices)

@@ -18,15 +18,16 @@ import signal
 import sys
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import psutil
 
-from autotune.tuner._lifecycle import trial_folder, watch_parent
-from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
+from autotune.config import LoaderConfig
 from autotune.machine._memory import format_bytes, tree_pss, tree_rss
 from autotune.recipe._process import PRELOAD_ALLOCATORS, launch_env
-from autotune.config import LoaderConfig
+from autotune.tuner._lifecycle import trial_folder, watch_parent
+from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
 
 _INHERITED: Workload | None = None  # the fork fallback hands the workload over by inheritance
 
@@ -84,7 +85,7 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(143)  # unwinds through the DataLoader iterator, which then stops its workers cleanly
 
 
-def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict, plan: Plan,
+def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict[str, Any], plan: Plan,
                 fork_fallback: bool, log_path: str | None = None) -> None:
     if log_path:
         # The trial's and its workers' prints (torch's worker errors, C++ aborts) go to its log, not
@@ -108,6 +109,7 @@ def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict
 
             torch.set_num_threads(1)  # the parent may have used OpenMP, which is not fork-safe
         workload = _INHERITED if blob is None else pickle.loads(blob)
+        assert workload is not None, "a forked trial inherits the workload the runner set"
         conn.send(("ready",))  # the give-up clock starts here, not while the dataset is unpickled
         result = measure(workload, LoaderConfig.from_json(config), plan,
                          report=lambda step, value: conn.send(("progress", step, value)),
@@ -134,7 +136,7 @@ def _release_forkserver() -> None:
     try:
         from multiprocessing import forkserver
 
-        server = forkserver._forkserver
+        server: Any = forkserver._forkserver  # private: there is no public way to drop the pipe
         if server._forkserver_alive_fd is not None:
             with contextlib.suppress(OSError):
                 os.close(server._forkserver_alive_fd)
@@ -156,7 +158,7 @@ def _own_resource_tracker() -> None:
     try:
         from multiprocessing import resource_tracker
 
-        tracker = resource_tracker._resource_tracker
+        tracker: Any = resource_tracker._resource_tracker  # private: nor to leave a tracker
         with tracker._lock:
             if tracker._fd is not None:
                 os.close(tracker._fd)  # the search's tracker: inherited, not ours to hold
@@ -216,7 +218,7 @@ class _Rank:
     receiver: Any
     trial_dir: str | None
     ready: bool = False
-    result: dict | None = None
+    result: dict[str, Any] | None = None
 
 
 def shard(plan: Plan, rank: int, ranks: int) -> Plan:
@@ -230,7 +232,7 @@ def shard(plan: Plan, rank: int, ranks: int) -> Plan:
     return dataclasses.replace(plan, indices=padded[rank::ranks], length=-(-plan.length // ranks))
 
 
-def combine(results: list[dict]) -> dict:
+def combine(results: list[dict[str, Any]]) -> dict[str, Any]:
     """One figure for ranks that ran together: the slowest rank's run (the job waits for it), with the memory
     of all ranks summed and every rank's total kept."""
     if len(results) == 1:
@@ -252,7 +254,7 @@ class Runner:
         self.ranks = max(1, int(ranks))
         try:
             self.blob: bytes | None = pickle.dumps(workload)
-            self.ctx = multiprocessing.get_context("forkserver")
+            self.ctx: Any = multiprocessing.get_context("forkserver")
             self.ctx.set_forkserver_preload(_PRELOAD)
             self.fork_fallback = False
         except Exception as exc:  # noqa: BLE001 - unpicklable user objects: lambdas, notebook classes
@@ -271,7 +273,7 @@ class Runner:
 
     def run(self, config: LoaderConfig, plan: Plan, *, timeout: float,
             should_prune: Callable[[int, float], bool] | None = None, give_up_after: float | None = None,
-            log_path: str | None = None) -> dict:
+            log_path: str | None = None) -> dict[str, Any]:
         """Measure ``config`` in fresh processes; raise TrialFailed or TrialPruned when it does not finish.
 
         With ``ranks`` > 1 that many trial processes run at once on the same cores, each reading its own shard
@@ -312,8 +314,8 @@ class Runner:
                 if rank.trial_dir:
                     shutil.rmtree(rank.trial_dir, ignore_errors=True)
 
-    def _watch(self, ranks: list["_Rank"], timeout: float, should_prune: Callable[[int, float], bool] | None,
-               give_up_after: float | None) -> dict:
+    def _watch(self, ranks: list[_Rank], timeout: float, should_prune: Callable[[int, float], bool] | None,
+               give_up_after: float | None) -> dict[str, Any]:
         from multiprocessing.connection import wait
 
         started = time.monotonic()
@@ -352,7 +354,7 @@ class Runner:
             if all(r.result is not None for r in ranks):
                 for r in ranks:
                     r.proc.join(10)  # let it shut its workers down cleanly
-                return combine([r.result for r in ranks])
+                return combine([r.result for r in ranks if r.result is not None])
             now = time.monotonic()
             if give_up_after is not None and now - started > give_up_after:
                 for r in ranks:
@@ -395,7 +397,7 @@ class Runner:
 
 
 @contextlib.contextmanager
-def _environment(env: dict[str, str] | None):
+def _environment(env: dict[str, str] | None) -> Iterator[None]:
     """Temporarily make ``env`` the process environment (a spawned child inherits it at start)."""
     if env is None:
         yield

@@ -14,8 +14,9 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
@@ -152,10 +153,11 @@ def heartbeat(storage: optuna.storages.BaseStorage, study: optuna.Study, trial: 
         thread.join(CONNECT_TIMEOUT_S)
 
 
-def tell(study: optuna.Study, trial: optuna.Trial, *args: Any, **kwargs: Any) -> None:
+def tell(study: optuna.Study, trial: optuna.Trial, value: float | None = None,
+         state: optuna.trial.TrialState | None = None) -> None:
     """``study.tell`` that does nothing when another search already finished (failed) the trial."""
     try:
-        study.tell(trial, *args, skip_if_finished=True, **kwargs)
+        study.tell(trial, value, state=state, skip_if_finished=True)
     except UpdateFinishedTrialError:  # failed by another search between tell's check and its write
         pass
 

@@ -18,18 +18,19 @@ from typing import Any
 
 import optuna
 
+from autotune.config import LoaderConfig
+from autotune.dataset._probe import Probe
+from autotune.dataset._userfile import UserSpec
 from autotune.errors import AutotuneError
+from autotune.machine._memory import format_bytes
+from autotune.machine._shm import shm_rule
 from autotune.tuner import _storage
+from autotune.tuner._candidates import Limits
 from autotune.tuner._lifecycle import remove_leftovers, stop_on_signals
 from autotune.tuner._measure import Plan
-from autotune.machine._memory import format_bytes
 from autotune.tuner._preparation import Setup, prepare, with_subset
-from autotune.dataset._probe import Probe
 from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, warm_forkserver
-from autotune.machine._shm import shm_rule
-from autotune.config import LoaderConfig
 from autotune.tuner._space import Space
-from autotune.dataset._userfile import UserSpec
 
 SEARCH_SHARE = 0.7  # of the budget; the rest re-measures the finalists interleaved
 ROUNDS = 3  # interleaved re-measurements of each finalist, when the budget allows
@@ -91,11 +92,17 @@ class HopelessPruner(optuna.pruners.BasePruner):
         step = trial.last_step
         if step is None:
             return False
-        done = [t.value for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
+        done = _completed_values(study)
         return bool(done) and trial.intermediate_values[step] > self.factors.get(step, 1.5) * min(done)
 
 
-def _study_name(probe: Probe, hw: dict, spec: UserSpec, space: Space) -> str:
+def _completed_values(study: optuna.Study) -> list[float]:
+    """The figures of the completed trials (a completed trial always has one)."""
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    return [float(t.value) for t in done if t.value is not None]
+
+
+def _study_name(probe: Probe, hw: dict[str, Any], spec: UserSpec, space: Space) -> str:
     """Searches on the same dataset (fingerprint), hardware (fingerprint, ranks per node included), batch
     size, epochs and space share one study; the measured subset is the study's (``subset`` attribute)."""
     digest = hashlib.sha256(json.dumps([repr(space)]).encode()).hexdigest()[:8]
@@ -312,7 +319,7 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
     return priors
 
 
-def _record(trial: optuna.Trial, result: dict) -> None:
+def _record(trial: optuna.Trial, result: dict[str, Any]) -> None:
     for key in ("prediction", "epochs", "peak_memory_bytes", "measured_samples"):
         _storage.set_attr(trial, key, result[key])
 
@@ -334,8 +341,7 @@ def _completed_value(study: optuna.Study, key: str, number: int) -> float | None
 
 
 def _best_value(study: optuna.Study) -> float | None:
-    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    return min((t.value for t in done), default=None)
+    return min(_completed_values(study), default=None)
 
 
 def _status(study: optuna.Study) -> str:
@@ -346,7 +352,7 @@ def _status(study: optuna.Study) -> str:
 def _best_distinct(study: optuna.Study, count: int) -> list[optuna.trial.FrozenTrial]:
     out: dict[str, optuna.trial.FrozenTrial] = {}
     for t in sorted(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)),
-                    key=lambda t: t.value):
+                    key=lambda t: t.value or 0.0):
         if t.user_attrs.get("repeat"):
             continue
         out.setdefault(t.user_attrs["config_key"], t)
@@ -355,13 +361,14 @@ def _best_distinct(study: optuna.Study, count: int) -> list[optuna.trial.FrozenT
     return list(out.values())
 
 
-def _finish(study, space, runner, plan, probe, hw, limits, opts, started, progress, spec) -> Outcome:
+def _finish(study: optuna.Study, space: Space, runner: Any, plan: Plan, probe: Probe, hw: dict[str, Any],
+            limits: Limits, opts: SearchOptions, started: float, progress: _Progress, spec: UserSpec) -> Outcome:
     default = space.default()
     finalists = _best_distinct(study, opts.finalists)
     configs = [LoaderConfig.from_json(t.user_attrs["config"]) for t in finalists]
     if default not in configs:
         configs.append(default)
-    figures: dict[LoaderConfig, list[dict]] = {c: [] for c in configs}
+    figures: dict[LoaderConfig, list[dict[str, Any]]] = {c: [] for c in configs}
     failed_finalists: dict[LoaderConfig, str] = {}
     cost = {t.user_attrs.get("config_key"): t.duration.total_seconds()
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if t.duration}
@@ -387,12 +394,12 @@ def _finish(study, space, runner, plan, probe, hw, limits, opts, started, progre
 _RUNS_PREFIX = "finalist-runs:"  # a study attribute per search: its finalists' re-measurements
 
 
-def _slim(result: dict) -> dict:
+def _slim(result: dict[str, Any]) -> dict[str, Any]:
     return {k: result[k] for k in ("prediction", "epochs", "peak_memory_bytes", "measured_samples") if k in result}
 
 
-def _pool_runs(study: optuna.Study, figures: dict[LoaderConfig, list[dict]],
-               failed: dict[LoaderConfig, str]) -> dict[LoaderConfig, list[dict]]:
+def _pool_runs(study: optuna.Study, figures: dict[LoaderConfig, list[dict[str, Any]]],
+               failed: dict[LoaderConfig, str]) -> dict[LoaderConfig, list[dict[str, Any]]]:
     """Store this search's finalist runs in the study and return every search's, pooled by configuration
     (minus the ones that failed here): searches sharing a study decide on the same evidence, and a recipe
     can be written later from the study alone (``resume_only``)."""
@@ -403,8 +410,9 @@ def _pool_runs(study: optuna.Study, figures: dict[LoaderConfig, list[dict]],
     return {c: v for c, v in _pooled_runs(study, extra=own).items() if c not in failed}
 
 
-def _pooled_runs(study: optuna.Study, extra: dict[str, list[dict]] | None = None) -> dict[LoaderConfig, list[dict]]:
-    pooled: dict[str, list[dict]] = {}
+def _pooled_runs(study: optuna.Study, extra: dict[str, list[dict[str, Any]]] | None = None
+                 ) -> dict[LoaderConfig, list[dict[str, Any]]]:
+    pooled: dict[str, list[dict[str, Any]]] = {}
     sources = [v for k, v in study.user_attrs.items() if k.startswith(_RUNS_PREFIX)]
     if extra and not any(v == extra for v in sources):
         sources.append(extra)
@@ -414,12 +422,13 @@ def _pooled_runs(study: optuna.Study, extra: dict[str, list[dict]] | None = None
     return {LoaderConfig.from_json(json.loads(k)): v for k, v in pooled.items()}
 
 
-def _from_study(study, space, plan, probe, hw, limits, opts, started) -> Outcome:
+def _from_study(study: optuna.Study, space: Space, plan: Plan, probe: Probe, hw: dict[str, Any], limits: Limits,
+                opts: SearchOptions, started: float) -> Outcome:
     """The recipe from what the study holds, without measuring anything: every search's finalist runs, and
     the trials' own figures for configurations no search re-measured (``--resume-only``)."""
     default = space.default()
     runs = _pooled_runs(study)
-    from_trials: dict[LoaderConfig, list[dict]] = {}
+    from_trials: dict[LoaderConfig, list[dict[str, Any]]] = {}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         if not t.user_attrs.get("repeat") and "prediction" in t.user_attrs:
             from_trials.setdefault(LoaderConfig.from_json(t.user_attrs["config"]), []).append(_slim(t.user_attrs))
@@ -433,10 +442,22 @@ def _from_study(study, space, plan, probe, hw, limits, opts, started) -> Outcome
     return _outcome(study, runs, {}, default, plan, probe, hw, limits, opts, started, "the shared study's figures")
 
 
-def _outcome(study, runs: dict[LoaderConfig, list[dict]], failed_finalists: dict[LoaderConfig, str],
-             default: LoaderConfig, plan, probe, hw, limits, opts, started, how: str) -> Outcome:
+def _outcome(study: optuna.Study, runs: dict[LoaderConfig, list[dict[str, Any]]],
+             failed_finalists: dict[LoaderConfig, str], default: LoaderConfig, plan: Plan, probe: Probe,
+             hw: dict[str, Any], limits: Limits, opts: SearchOptions, started: float, how: str) -> Outcome:
     """The winner among the measured configurations (lowest median whole run, the default on a tie)."""
     medians = {c: _median_result(v) for c, v in runs.items() if v}
+    notes = list(limits.notes)
+    if default not in medians:
+        # The default failed its re-measurement (a timeout on a loaded machine) but the loop measured it:
+        # its figure from the loop still anchors the A/B check.
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        loop = [_slim(t.user_attrs) for t in done
+                if t.user_attrs.get("config_key") == _key(default) and "prediction" in t.user_attrs]
+        if loop:
+            medians[default] = _median_result(loop)
+            notes.append(f"the plain default failed its re-measurement ({failed_finalists.get(default, '')}); "
+                         "its figure comes from the search's own trial")
     if default not in medians:
         reason = failed_finalists.get(default, "it was not measured")
         raise AutotuneError(
@@ -458,23 +479,25 @@ def _outcome(study, runs: dict[LoaderConfig, list[dict]], failed_finalists: dict
         default_figures=medians[default],
         is_default=is_default,
         note=note,
-        trials=sum(1 for t in trials if not t.user_attrs.get("repeat") and t.state != states.RUNNING),
+        trials=sum(1 for t in trials if not t.user_attrs.get("repeat") and t.state not in (states.RUNNING,
+                                                                                              states.WAITING)),
         failed=[t.user_attrs.get("reason", "") for t in trials if t.state == states.FAIL],
         pruned=sum(1 for t in trials if t.state == states.PRUNED),
         search_seconds=time.monotonic() - started,
         plan=plan,
         probe=probe,
         hardware=hw,
-        notes=list(limits.notes),
+        notes=notes,
         finalists=[
-            {"config": c.to_json(), "total_seconds": [f["prediction"]["total_seconds"] for f in runs[c]]}
-            for c in sorted(runs, key=lambda c: medians[c]["prediction"]["total_seconds"])[:max(opts.finalists, 1) + 1]
-        ],
+            {"config": c.to_json(), "total_seconds": [f["prediction"]["total_seconds"] for f in runs.get(c, [])]}
+            for c in sorted((c for c in runs if runs[c]), key=lambda c: medians[c]["prediction"]["total_seconds"])
+            [:max(opts.finalists, 1) + 1]
+        ] + [{"config": c.to_json(), "total_seconds": []} for c in failed_finalists],  # failed when measured again
         study={"name": study.study_name, "storage": _storage_url(opts)},
     )
 
 
-def _median_result(results: list[dict]) -> dict:
+def _median_result(results: list[dict[str, Any]]) -> dict[str, Any]:
     """The run whose predicted total is the median (lower median for an even count), with the peak memory
     of all runs."""
     ordered = sorted(results, key=lambda r: r["prediction"]["total_seconds"])
