@@ -100,6 +100,23 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, 
     return dataset, build_seconds, collate_fn
 
 
+def _factory_fixed_seconds(workload: Workload, config: LoaderConfig, plan: Plan) -> float:
+    """The steps ``autotune.dataloader(...)`` runs before a cache build whatever the length, timed here in
+    its order on the files just evicted: the determinism check (a few samples read twice) and, for a
+    disk cache, the cache key (``caches._key``: the source files listed, probe samples digested)."""
+    if config.cache is None or plan.stream:
+        return 0.0
+    from autotune.dataset._determinism import check_deterministic
+
+    start = time.perf_counter()
+    check_deterministic(workload.dataset)
+    if config.cache != "memory":
+        from autotune.caches._key import dataset_key
+
+        dataset_key(workload.dataset)
+    return time.perf_counter() - start
+
+
 _held: dict[str, Any] = {}  # trial folder -> its lock, held for the life of the trial's process
 
 
@@ -185,7 +202,10 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     """
     applied = apply_at_runtime(config.process_settings())
     evictions = [_evict(plan)]  # before the cache build too: it reads the source files
+    fixed = _factory_fixed_seconds(workload, config, plan)
     dataset, build_seconds, collate_fn = _source(workload, config, plan)
+    if config.cache and config.cache_fill == "first_epoch":
+        fixed, build_seconds = fixed + build_seconds, 0.0  # the schema's head: read once, whatever the length
     generator = torch.Generator().manual_seed(plan.seed)
     order: dict[str, Any] = {} if plan.stream else {"shuffle": True}  # a stream keeps its own order
     loader = make_loader(
@@ -200,7 +220,7 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
 
     bound = plan.stream_batches(workload.batch_size)
     batches = len(loader) if bound is None else bound
-    build_full = build_seconds * plan.length / n
+    build_full = fixed + build_seconds * plan.length / n
     restarts = 1 if config.persistent_workers else workload.epochs  # worker start-up paid per epoch
 
     def progress(epoch: int) -> Callable[[int, float, float], None]:
@@ -236,7 +256,8 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     if bound is not None and first.batches < bound:  # the stream ended before the bound: read whole
         n = length = min(n, first.batches * workload.batch_size)
     prediction = predict(first=first, warm=warm, build_seconds=build_seconds, measured_samples=n,
-                         length=length, batch_size=workload.batch_size, epochs=workload.epochs)
+                         length=length, batch_size=workload.batch_size, epochs=workload.epochs,
+                         build_fixed_seconds=fixed)
     return {
         "prediction": prediction.to_dict(),
         "epochs": [t.__dict__ for t in timings],

@@ -6,6 +6,12 @@ gives both terms; the whole epoch keeps the head and scales the steady part. Cou
 the head, not one, keeps a slow second batch (a first large allocation, the other worker's first
 fetch) from being multiplied by the whole epoch's length. The cache build is paid once, the first
 epoch is the cold one.
+
+The build is what ``autotune.dataloader(...)`` costs in the user's process: the steps it runs once
+whatever the length (``build_fixed_seconds``: the determinism check that decides whether a cache may
+be used, the cache key of a disk cache, the schema head of a cache filled while training), measured
+in the trial in the factory's order on cold files, plus the trial's build of its subset scaled to the
+whole length.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ class Prediction:
     total_seconds: float
     epochs: int
     extrapolated: bool
+    build_fixed_seconds: float = 0.0  # the part of build_seconds that does not scale with the length
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,12 +79,14 @@ def predict(
     length: int,
     batch_size: int,
     epochs: int,
+    build_fixed_seconds: float = 0.0,
 ) -> Prediction:
-    """The whole-run prediction: build (scaled by samples) + first epoch + (epochs-1) warm epochs."""
+    """The whole-run prediction: build (its fixed part, plus the subset's build scaled by samples) +
+    first epoch + (epochs-1) warm epochs."""
     full_batches = batches_in(length, batch_size)
     first_s = scale_epoch(first, full_batches)
     warm_s = scale_epoch(warm, full_batches)
-    build = build_seconds * length / measured_samples
+    build = build_fixed_seconds + build_seconds * length / measured_samples
     total = build + first_s + warm_s * (epochs - 1)
     return Prediction(
         build_seconds=build,
@@ -86,4 +95,5 @@ def predict(
         total_seconds=total,
         epochs=epochs,
         extrapolated=measured_samples < length,
+        build_fixed_seconds=build_fixed_seconds,
     )
