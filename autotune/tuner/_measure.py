@@ -69,12 +69,13 @@ def _consumer(workload: Workload, config: LoaderConfig) -> Callable[[Any], Any]:
     return workload.train_step if workload.train_step is not None else DeviceConsumer(config.pin_memory)
 
 
-def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, float, Callable[..., Any] | None]:
-    """The dataset the loader reads, the seconds spent building its cache (on the subset), the collate."""
+def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, float, Callable[..., Any] | None, tuple[float, int] | None]:
+    """The dataset the loader reads, the seconds spent building its cache (on the subset), the collate,
+    and the build of a few samples that splits start-up from the per-sample cost (None: not measured)."""
     if plan.stream:
-        return with_transform(workload.dataset, workload.transform, stream=True), 0.0, workload.collate_fn
+        return with_transform(workload.dataset, workload.transform, stream=True), 0.0, workload.collate_fn, None
     if config.cache is None:
-        return Transformed(workload.dataset, workload.transform, plan.indices), 0.0, workload.collate_fn
+        return Transformed(workload.dataset, workload.transform, plan.indices), 0.0, workload.collate_fn, None
     if config.cache_fill == "first_epoch" and config.cache == "memory":
         from autotune.caches._fill import FirstEpochCache, filling_source
 
@@ -82,7 +83,7 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, 
         cache = FirstEpochCache(workload.dataset, plan.indices)  # filled by the first epoch itself
         build_seconds = time.perf_counter() - start
         dataset, collate_fn = filling_source(cache, workload.transform, workload.collate_fn)
-        return dataset, build_seconds, collate_fn
+        return dataset, build_seconds, collate_fn, None
     from autotune import caches  # the cache family is only needed by caching candidates
 
     backend = caches.get_backend(config.cache)
@@ -90,6 +91,13 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, 
     root = plan.cache_root or tempfile.mkdtemp(prefix="autotune-trial-")
     _hold_trial_folder(root)
     manifest = {"dataset": workload.fingerprint, "trial": True}
+    head = None
+    if len(plan.indices) < plan.length and len(plan.indices) > 4 * _BUILD_HEAD:
+        # A build of a few samples first: its start-up is paid once by the whole build (tuner/_predict.py).
+        start = time.perf_counter()
+        backend.build(workload.dataset, plan.indices[:_BUILD_HEAD], os.path.join(root, config.cache + "-head"),
+                      manifest=manifest, progress=False, workers=plan.build_workers)
+        head = (time.perf_counter() - start, _BUILD_HEAD)
     start = time.perf_counter()
     built = backend.build(workload.dataset, plan.indices, os.path.join(root, config.cache), manifest=manifest,
                           progress=False, workers=plan.build_workers)
@@ -97,7 +105,10 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, 
     from autotune.caches._gather import cached_source
 
     dataset, collate_fn = cached_source(built, workload.transform, workload.collate_fn)
-    return dataset, build_seconds, collate_fn
+    return dataset, build_seconds, collate_fn, head
+
+
+_BUILD_HEAD = 16  # samples in the build that measures a build's start-up
 
 
 def _factory_fixed_seconds(workload: Workload, config: LoaderConfig, plan: Plan) -> float:
@@ -203,7 +214,7 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     applied = apply_at_runtime(config.process_settings())
     evictions = [_evict(plan)]  # before the cache build too: it reads the source files
     fixed = _factory_fixed_seconds(workload, config, plan)
-    dataset, build_seconds, collate_fn = _source(workload, config, plan)
+    dataset, build_seconds, collate_fn, build_head = _source(workload, config, plan)
     if config.cache and config.cache_fill == "first_epoch":
         fixed, build_seconds = fixed + build_seconds, 0.0  # the schema's head: read once, whatever the length
     generator = torch.Generator().manual_seed(plan.seed)
@@ -257,7 +268,7 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
         n = length = min(n, first.batches * workload.batch_size)
     prediction = predict(first=first, warm=warm, build_seconds=build_seconds, measured_samples=n,
                          length=length, batch_size=workload.batch_size, epochs=workload.epochs,
-                         build_fixed_seconds=fixed)
+                         build_fixed_seconds=fixed, build_head=build_head)
     return {
         "prediction": prediction.to_dict(),
         "epochs": [t.__dict__ for t in timings],

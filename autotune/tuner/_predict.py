@@ -56,6 +56,18 @@ def scale_epoch(timing: EpochTiming, full_batches: int) -> float:
     return head + timing.per_batch * max(full_batches - k, 0)
 
 
+def scale_build(seconds: float, samples: int, length: int, head: tuple[float, int] | None = None) -> float:
+    """A cache build of ``length`` samples from one of ``samples`` that took ``seconds``. ``head``, a build
+    of a few samples (seconds, count), splits start-up (worker start, the schema's head) from the
+    per-sample cost, so start-up is paid once instead of multiplied with the length."""
+    if samples >= length:
+        return seconds * length / samples
+    if head is not None and 0 < head[1] < samples:
+        per_sample = max(seconds - head[0], 0.0) / (samples - head[1])
+        return head[0] + per_sample * (length - head[1])
+    return seconds * length / samples
+
+
 @dataclass(frozen=True)
 class Prediction:
     build_seconds: float
@@ -80,13 +92,14 @@ def predict(
     batch_size: int,
     epochs: int,
     build_fixed_seconds: float = 0.0,
+    build_head: tuple[float, int] | None = None,
 ) -> Prediction:
     """The whole-run prediction: build (its fixed part, plus the subset's build scaled by samples) +
     first epoch + (epochs-1) warm epochs."""
     full_batches = batches_in(length, batch_size)
     first_s = scale_epoch(first, full_batches)
     warm_s = scale_epoch(warm, full_batches)
-    build = build_fixed_seconds + build_seconds * length / measured_samples
+    build = build_fixed_seconds + scale_build(build_seconds, measured_samples, length, build_head)
     total = build + first_s + warm_s * (epochs - 1)
     return Prediction(
         build_seconds=build,
