@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from autotune.errors import RecipeError
 

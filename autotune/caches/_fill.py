@@ -22,7 +22,8 @@ nothing (exact, but no faster; a search measures that and chooses otherwise).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -33,7 +34,7 @@ from autotune.caches._memory import _shared_array
 _HEAD = 8  # samples read before the workers start, to fix the schema (the built cache reads as many)
 
 
-class FirstEpochCache(Dataset):
+class FirstEpochCache(Dataset[Any]):
     """A memory cache of ``dataset`` at ``indices`` (default: all of it), filled as its samples are read."""
 
     name = "memory"
@@ -55,7 +56,7 @@ class FirstEpochCache(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["columns"], state["filled"], state["attached"] = None, None, False
         return state
@@ -93,7 +94,7 @@ class FirstEpochCache(Dataset):
         return sample
 
 
-class _GatheringFill(Dataset):
+class _GatheringFill(Dataset[Any]):
     """A first-epoch cache read a whole batch at a time once the batch's samples are all in it
     (``caches._gather``); before that, sample by sample (the collate function handles both)."""
 
@@ -122,8 +123,8 @@ class _GatheringFill(Dataset):
         return [cache[k] for k in positions]
 
 
-def filling_source(cache: FirstEpochCache, transform: Callable | None,
-                   collate_fn: Callable | None) -> tuple[Dataset, Callable | None]:
+def filling_source(cache: FirstEpochCache, transform: Callable[..., Any] | None,
+                   collate_fn: Callable[..., Any] | None) -> tuple[Dataset[Any], Callable[..., Any] | None]:
     """The dataset a loader reads from ``cache``, and the collate function to pass with it."""
     if transform is None and collate_fn is None and not cache.schema.has_blob_leaves:
         from autotune.caches._gather import collate_gathered

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from autotune._duration import format_seconds, parse_duration

@@ -9,7 +9,6 @@ and stored in this machine's profile under ``measured["validation"]``.
 from __future__ import annotations
 
 import argparse
-
 from typing import TYPE_CHECKING
 
 from autotune._duration import format_seconds
@@ -25,7 +24,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("validate", help="run the recipe for real: predicted against measured epoch times",
                        description="Run the recipe over the dataset: a cold first epoch and a warm one; print "
                        "predicted against measured with the error in percent, and store it in the recipe.")
-    p.add_argument("target", metavar="PATH[:NAME]", help="Python file defining the dataset (NAME defaults to 'dataset')")
+    p.add_argument("target", metavar="PATH[:NAME]",
+                   help="Python file defining the dataset (NAME defaults to 'dataset')")
     p.add_argument("--recipe", default="autotune.json", help="recipe file (default autotune.json)")
     p.add_argument("--max-batches", type=int, help="measure at most this many batches per epoch, then extrapolate")
     p.add_argument("--epochs", type=int, help="epochs to run (default: the recipe's)")

@@ -29,21 +29,22 @@ import os
 import statistics
 import textwrap
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from autotune.caches._codec import sample_nbytes
-from autotune.machine._cpus import usable_cpus
 from autotune._duration import format_fine
-from autotune.errors import DatasetError
 from autotune._loader import move_to
-from autotune.machine._memory import format_bytes
+from autotune.caches._codec import sample_nbytes
 from autotune.dataset._probe import probe_indices
 from autotune.dataset._userfile import UserSpec, read_sample
 from autotune.diagnose._verdict import Measurements, Verdict, judge
+from autotune.errors import DatasetError
+from autotune.machine._cpus import usable_cpus
+from autotune.machine._memory import format_bytes
 
 __all__ = ["diagnose", "measure", "measure_device", "read_files", "transfer_seconds", "default_samples"]
 
@@ -481,7 +482,8 @@ def format_table(m: Measurements, v: Verdict) -> str:
         files = f"{m.files} files, {_b(m.file_bytes_per_sample)}/sample"
         row("  opening+reading files, cold", m.read_cold, b * m.read_cold,
             f"{_pct(m.read_cold, m.sample_cold)} of cold; {files}")
-        row("  opening+reading files, warm", m.read_warm, b * m.read_warm, f"{_pct(m.read_warm, m.sample_warm)} of warm")
+        row("  opening+reading files, warm", m.read_warm, b * m.read_warm,
+            f"{_pct(m.read_warm, m.sample_warm)} of warm")
         rest = max(m.sample_warm - m.read_warm, 0.0)
         row("  rest: decode etc., warm", rest, b * rest, f"{_pct(rest, m.sample_warm)} of warm")
     else:

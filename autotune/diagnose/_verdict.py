@@ -91,7 +91,7 @@ class Measurements:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Measurements":
+    def from_dict(cls, data: dict[str, Any]) -> Measurements:
         known = set(cls.__dataclass_fields__)
         values = {k: v for k, v in data.items() if k in known}
         values["notes"] = tuple(values.get("notes", ()))

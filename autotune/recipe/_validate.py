@@ -25,15 +25,16 @@ import datetime as _dt
 import os
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
 
-from autotune.machine import _evict
 from autotune.errors import AutotuneError, RecipeError
+from autotune.machine import _evict
 from autotune.tuner._measure import timed_epoch
 from autotune.tuner._predict import EpochTiming, batches_in, scale_epoch
 
@@ -88,7 +89,7 @@ class Validation:
     on_this_machine: bool
     batch_size: int
     seed: int
-    validated_at: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).replace(
+    validated_at: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).replace(
         microsecond=0).isoformat())
     notes: list[str] = field(default_factory=list)
     build_error_percent: float | None = None
@@ -124,8 +125,8 @@ def _cache_files(profile: Any, dataset: Any) -> set[str]:
     return _evict.files_under(path) if os.path.isdir(path) else {os.path.realpath(path)}
 
 
-def validate(recipe: Any, dataset: Any, *, transform: Callable | None = None, train_step: Callable | None = None,
-             collate_fn: Callable | None = None, batch_size: int | None = None,
+def validate(recipe: Any, dataset: Any, *, transform: Callable[..., Any] | None = None,
+             train_step: Callable[..., Any] | None = None, collate_fn: Callable[..., Any] | None = None, batch_size: int | None = None,
              evict_paths: Any = None, max_batches: int | None = None, epochs: int = 2, seed: int = 0,
              progress: bool = False) -> Validation:
     """Run ``recipe`` over ``dataset`` for real: a cold first epoch, then ``epochs - 1`` warm ones.
@@ -238,7 +239,7 @@ def _compare(profile: Any, on_this_machine: bool, timings: list[EpochTiming], bu
     )
 
 
-def store(recipe_path: str | os.PathLike, validation: Validation) -> Path:
+def store(recipe_path: str | os.PathLike[str], validation: Validation) -> Path:
     """Write ``validation`` into its profile's ``measured["validation"]`` in the recipe file, atomically,
     under the recipe file's lock; the other profiles and fields are kept."""
     from autotune.recipe._file import RecipeFile, _locked
@@ -261,7 +262,7 @@ def store(recipe_path: str | os.PathLike, validation: Validation) -> Path:
 _FRESH_TIMEOUT = 3600.0  # seconds; a validation that hangs is stopped, not waited for forever
 
 
-class _Discard(torch.utils.data.Dataset):
+class _Discard(torch.utils.data.Dataset[Any]):
     """``dataset[i]`` for the i a bare decode pass reads, returning nothing: the decode, no transport."""
 
     def __init__(self, dataset: Any):
@@ -379,7 +380,7 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def validate_fresh(recipe: Any, recipe_path: str | os.PathLike, target: str, *, batch_size: int | None = None,
+def validate_fresh(recipe: Any, recipe_path: str | os.PathLike[str], target: str, *, batch_size: int | None = None,
                    epochs: int | None = None, max_batches: int | None = None, data_dir: str | None = None,
                    seed: int = 0, timeout: float = _FRESH_TIMEOUT) -> Validation:
     """Run the recipe as the user will (see the module docstring): ``target`` is the dataset file

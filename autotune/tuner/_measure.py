@@ -11,16 +11,17 @@ import os
 import stat
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from autotune._loader import DeviceConsumer, Transformed, make_loader, with_transform
+from autotune.config import LoaderConfig
 from autotune.machine._memory import tree_pss
 from autotune.recipe._process import apply_at_runtime
 from autotune.tuner._predict import HEAD, EpochTiming, predict
-from autotune.config import LoaderConfig
 
 
 @dataclass
@@ -69,7 +70,8 @@ def _consumer(workload: Workload, config: LoaderConfig) -> Callable[[Any], Any]:
     return workload.train_step if workload.train_step is not None else DeviceConsumer(config.pin_memory)
 
 
-def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, float, Callable[..., Any] | None, tuple[float, int] | None]:
+def _source(workload: Workload, config: LoaderConfig,
+            plan: Plan) -> tuple[Any, float, Callable[..., Any] | None, tuple[float, int] | None]:
     """The dataset the loader reads, the seconds spent building its cache (on the subset), the collate,
     and the build of a few samples that splits start-up from the per-sample cost (None: not measured)."""
     if plan.stream:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-
+from typing import Any
 
 HEAD = 2
 
@@ -78,7 +78,7 @@ class Prediction:
     extrapolated: bool
     build_fixed_seconds: float = 0.0  # the part of build_seconds that does not scale with the length
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -9,8 +9,9 @@ branch, so they can never disagree with it. Validity is ``LoaderConfig``'s (auto
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from autotune.config import DEFAULT, LoaderConfig, fork_allows_threads
 
