@@ -344,11 +344,14 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
     take = min(length, measured_batches * batch_size)
     generator = torch.Generator().manual_seed(payload["seed"])
     orders = [torch.randperm(length, generator=generator)[:take].tolist() for _ in range(epochs)]
-    if payload.get("data_dir"):
-        files, found_by = _evict.files_under(payload["data_dir"]), "given"
-    else:
-        # Every file a build or the first epoch reads: the whole dataset's when the build reads it all.
-        files, found_by = _evict.dataset_files(dataset, range(length))
+    # Every file the build or the epochs read (the whole dataset's: a build reads it all), found as the
+    # search finds them (--data-dir, a Hugging Face dataset's Arrow files, or what dataset[i] opens).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cached = autotune.load(payload["recipe"]).config.cache is not None
+    read = list(range(length)) if cached else sorted({i for order in orders for i in order})
+    sources = _evict.source_files(dataset, read, length, payload.get("data_dir"))
+    files, found_by = set(sources.files), "given" if payload.get("data_dir") else sources.how
     total_bytes = sum(os.stat(p).st_size for p in files if os.path.exists(p))
     fits = _evict.fits_page_cache(total_bytes) if files else None
     report = _evict.evict(files)
