@@ -180,6 +180,14 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
     if config.cache and stream:
         raise AutotuneError(f"A stream (IterableDataset) cannot be cached (cache={config.cache!r}): a cache would "
                             "replay one recorded pass, freezing its order; pass cache=None.")
+    # The process settings first, so the cache build runs under them, as a trial's build did.
+    if apply_process_settings:
+        applied = apply_at_runtime(replace(config.process_settings(), worker_threads=None))
+        res.applied, res.not_applied = list(applied.applied), list(applied.not_applied)
+        if config.num_workers and (config.worker_threads or config.allocator != "glibc"):
+            res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
+    else:
+        config = config.replace(allocator="glibc", main_threads=None, worker_threads=None)
     source = None
     fill = config.cache_fill if config.cache else None
     if fill == "first_epoch" and config.cache != "memory":
@@ -205,13 +213,6 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
             overrides["collate_fn"] = collate_fn
     else:
         data = with_transform(dataset, transform, stream)
-    if apply_process_settings:
-        applied = apply_at_runtime(replace(config.process_settings(), worker_threads=None))
-        res.applied, res.not_applied = applied.applied, applied.not_applied
-        if config.num_workers and (config.worker_threads or config.allocator != "glibc"):
-            res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
-    else:
-        config = config.replace(allocator="glibc", main_threads=None, worker_threads=None)
     loader = make_loader(data, config, user_worker_init=user_init, loader_cls=loader_cls, **overrides)
     loader.autotune = res
     if not config.num_workers and res.sources.get("num_workers") == "recipe":
