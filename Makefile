@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BUDGET ?= 2m
 
-.PHONY: install demo test bench clean
+.PHONY: install demo check test bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,12 @@ demo: $(STAMP)
 	$(BIN)/autotune search examples/jpeg_folder.py --budget $(BUDGET) --output autotune.json
 	$(BIN)/autotune show autotune.json
 
-test: $(STAMP)
+# The linters the project keeps clean (configured in pyproject.toml); `make test` runs them first.
+check: $(STAMP)
+	$(BIN)/ruff check autotune tests benchmarks examples
+	$(BIN)/mypy
+
+test: check
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # Every script in benchmarks/ (about 35 minutes on 2 CPUs); `make bench BENCH_ARGS=--quick` is the smoke test.

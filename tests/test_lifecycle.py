@@ -123,10 +123,12 @@ def test_a_killed_search_takes_its_hung_trial_along_and_leaves_a_folder_that_cle
             os.killpg(proc.pid, signal.SIGKILL)
     trials = tmp_path / "w" / "cache" / "trials"
     assert len(leftover_trials(trials)) == 1
-    assert main(["cache", "list", "--dir", str(tmp_path / "w" / "cache")]) == 0
-    assert "1 trial folder(s) left by a search that was killed" in capsys.readouterr().out
-    assert main(["cache", "clear", "--dir", str(tmp_path / "w" / "cache")]) == 0
-    assert "1 trial folder(s)" in capsys.readouterr().out
+    where = ["--dir", str(tmp_path / "caches"), "--workdir", str(tmp_path / "w")]
+    assert main(["cache", "list", *where]) == 0
+    listed = capsys.readouterr().out
+    assert listed.count("trial leftover") == 1 and "foreign" not in listed
+    assert main(["cache", "clear", *where]) == 0
+    assert f"Removed 1 cache from {trials}." in capsys.readouterr().out
     assert list(trials.iterdir()) == []
 
 

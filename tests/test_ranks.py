@@ -18,11 +18,14 @@ from torch.utils.data import DistributedSampler
 from autotune import _api
 from autotune.cli._main import main
 from autotune.config import LoaderConfig
+from autotune.dataset._userfile import UserSpec
 from autotune.machine import _hardware as hardware
-from autotune.machine._cpus import ranks_per_node
+from autotune.machine._cpus import ranks_per_node, usable_cpus
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.tuner._measure import Plan, Workload
+from autotune.tuner._preparation import prepare
 from autotune.tuner._runner import Runner, combine, shard
+from autotune.tuner._study import SearchOptions
 
 sys.path.insert(0, str(Path(__file__).parent))
 from workloads import Numbers  # noqa: E402
@@ -121,3 +124,14 @@ def test_the_torchrun_example_trains_and_check_passes_in_both_ranks(tmp_path):
         assert report["check_exit"] == 0  # `autotune check` inside the rank
         assert report["matches_this_machine"] is True
         assert report["num_workers"] == 1 and report["steps"] > 0
+
+
+def test_ranks_may_try_up_to_the_nodes_cpus_per_rank(tmp_path):
+    """Each rank's CPU share sizes its threads and fingerprint, but workers per rank are searched up to the
+    node's CPUs: the ranks run together in each trial, so the measurement decides."""
+    spec = UserSpec(dataset=Numbers(64), source="<test>", batch_size=8, epochs=2)
+    one = prepare(spec, SearchOptions(budget=30, workdir=tmp_path, ranks_per_node=1, progress=False))
+    two = prepare(spec, SearchOptions(budget=30, workdir=tmp_path, ranks_per_node=2, progress=False))
+    assert one.space.max_workers == usable_cpus(1) == two.space.max_workers
+    assert two.limits.usable_cpus == max(1, usable_cpus(1) // 2) and two.ranks == 2
+    assert any(f"up to the node's {usable_cpus(1)} CPUs" in n for n in two.limits.notes)

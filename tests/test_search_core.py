@@ -83,7 +83,8 @@ def test_search_picks_the_fastest_and_checks_it_against_the_default(tmp_path):
     assert not outcome.is_default
     assert outcome.default_figures["prediction"]["total_seconds"] >= 10.0
     assert DEFAULT in runner.calls  # the default is always measured, in the loop and in the A/B check
-    assert runner.calls[:3] == _priors(SPACE, DEFAULT)  # the informed priors come first, in order
+    priors = _priors(SPACE, DEFAULT)
+    assert runner.calls[:len(priors)] == priors  # the informed priors come first, in order
 
 
 def test_a_finalist_that_fails_when_measured_again_is_dropped_not_fatal(tmp_path):
@@ -187,3 +188,9 @@ def test_the_cache_filled_while_the_first_epoch_trains_is_a_prior_the_search_mea
     assert priors[-2].cache == "memory" and priors[-2].cache_fill == "build"  # against "build first"
     for prior in priors:
         assert space.suggest(optuna.trial.FixedTrial(space.params_for(prior))) == prior
+
+
+def test_without_caches_the_priors_try_one_main_thread():
+    space = Space(max_workers=2, main_threads=(None, 1, 2))
+    assert _priors(space, DEFAULT)[-1] == LoaderConfig(main_threads=1)
+    assert LoaderConfig(main_threads=1) not in _priors(SPACE, DEFAULT)  # a cache prior there instead

@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
+from autotune._loader import Transformed
 from autotune.caches import MemoryCache
-from autotune.caches._codec import Leaf, _torch_dtype
+from autotune.caches._codec import Leaf, _key_value, _torch_dtype
 
 _GATHERABLE = {"ndarray", "tensor", "int", "float", "bool"}
 
@@ -78,7 +79,6 @@ def _collated(tree: dict[str, Any], values: Any) -> Any:
         return next(values)
     if kind in ("tuple", "list"):
         return [_collated(child, values) for child in tree["c"]]
-    from autotune.caches._codec import _key_value
 
     return {_key_value(k): _collated(child, values) for k, child in zip(tree["k"], tree["c"])}
 
@@ -107,6 +107,5 @@ def cached_source(cache: Any, transform: Callable[..., Any] | None,
     """The dataset a loader reads from ``cache``, and the collate function to pass with it."""
     if can_gather(cache, collate_fn, transform):
         return GatherDataset(cache), collate_gathered
-    from autotune._loader import Transformed
 
     return Transformed(cache, transform), collate_fn

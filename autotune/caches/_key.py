@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.caches._codec import sample_digest
+from autotune.machine import _evict
 
 PROBES = 16  # indices read live at every open; a dataset this small is checked whole
 _MAX_LISTED = 2000  # source files listed one by one in the manifest (more: a digest and totals)
@@ -168,7 +169,6 @@ def _stat(paths: Iterable[str]) -> dict[str, list[int]]:
 def _files(dataset: Any, length: int, per_read: list[set[str]], data_dir: str | os.PathLike[str] | None
            ) -> tuple[dict[str, list[int]], str]:
     """The source files and how they were found (the rules of ``machine._evict.dataset_files``)."""
-    from autotune.machine import _evict
 
     if data_dir is not None:
         return _stat(_evict.files_under(data_dir)), "data_dir"
@@ -186,7 +186,6 @@ def _files(dataset: Any, length: int, per_read: list[set[str]], data_dir: str | 
 def _recorded_reads(dataset: Any, indices: list[int]) -> tuple[list[Any], list[set[str]]]:
     """``dataset[i]`` for each index and the files each read opened: ``machine._evict.record_files``
     per read, with its filtering done once for all of them (it resolves every module's path)."""
-    from autotune.machine import _evict
 
     _evict._install_hook()
     samples, raw = [], []

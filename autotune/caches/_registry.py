@@ -31,7 +31,7 @@ from autotune.caches._lmdb import LmdbCache, record_disk_bytes
 from autotune.caches._lock import BuildLock, is_free, lock_path
 from autotune.caches._memory import MemoryCache
 from autotune.caches._pickle import PickleCache
-from autotune.caches._trust import TAG_NAME, UntrustedCache, ensure_root, trust_problem
+from autotune.caches._trust import TAG_NAME, UntrustedCache, default_root, ensure_root, trust_problem
 from autotune.errors import AutotuneError
 
 BACKENDS = ("memory", "pickle", "hdf5", "lmdb")
@@ -278,7 +278,6 @@ def list_caches(root: Path | str | None = None) -> list[dict[str, Any]]:
     """Everything in ``root`` (default: the per-user cache folder), judged from names, modes and JSON
     manifests only: backend, path, samples, nbytes, dataset, built, status (valid / corrupt / untrusted
     / partial / building / trial leftover / trial running / foreign) and reason."""
-    from autotune.caches._trust import default_root
 
     root = Path(root) if root is not None else default_root()
     if not root.is_dir():
@@ -292,7 +291,6 @@ def clear_caches(root: Path | str | None = None, backend: str | None = None) -> 
     trial leftovers nobody holds, and lock files left alone. Returns {"removed": paths, "foreign":
     folders that are not autotune's (untouched), "busy": builds or trials in progress (untouched),
     "not_owned": autotune folders of another user (untouched)}."""
-    from autotune.caches._trust import default_root
 
     if backend is not None:
         get_backend(backend)

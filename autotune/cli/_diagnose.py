@@ -36,6 +36,7 @@ import json
 import sys
 from collections.abc import Callable
 
+from autotune.dataset._userfile import load_user_file, require_map_style
 from autotune.errors import AutotuneError
 
 
@@ -57,7 +58,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.dataset._userfile import load_user_file, require_map_style
     from autotune.diagnose._measure import diagnose, format_table, to_json
 
     for flag in ("batch_size", "samples"):

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from typing import TextIO
 
 from autotune.errors import AutotuneError
+from autotune.machine import _hardware as hardware
+from autotune.recipe._file import RecipeFile, choose_profile, mismatch_message
 from autotune.recipe._process import ProcessSettings, launch_env
 
 
@@ -55,8 +57,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def load_settings(path: str, on_mismatch: str = "warn") -> tuple[ProcessSettings, list[str]]:
     """This machine's process settings from the recipe at ``path``, and notes (a hardware mismatch)."""
-    from autotune.machine import _hardware as hardware
-    from autotune.recipe._file import RecipeFile, choose_profile, mismatch_message
 
     rf = RecipeFile.read(path)
     notes: list[str] = []

@@ -10,6 +10,7 @@ from typing import Any
 from autotune.machine import _hardware as hardware
 from autotune.recipe._file import VERSION, Profile, RecipeFile
 from autotune.recipe._measured import Subset
+from autotune.recipe._process import PRELOAD_ALLOCATORS, command_line
 
 WIDTH = 100
 _LABEL = 12  # column where values start, after "    label   "
@@ -69,7 +70,6 @@ def _subset(subset: Subset | None) -> str:
 
 def _process_command(p: Profile) -> str | None:
     """The exact command that starts training with the recipe's process settings."""
-    from autotune.recipe._process import PRELOAD_ALLOCATORS, command_line
 
     settings = p.config.process_settings()
     if settings.allocator not in PRELOAD_ALLOCATORS:

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 from torch.utils.data import default_collate
 
+from autotune.caches._codec import sample_nbytes
+from autotune.dataset._determinism import check_deterministic
+from autotune.dataset._fingerprint import dataset_fingerprint
+from autotune.dataset._stream import first_samples, sample_key
 from autotune.dataset._userfile import UserSpec, read_sample
 from autotune.machine._shm import batch_bytes
 
@@ -33,9 +37,6 @@ def probe_indices(length: int, count: int, seed: int = 0) -> list[int]:
 
 def probe_dataset(spec: UserSpec, count: int = 8, seed: int = 0) -> Probe:
     """Read a few seeded indices; every failure of ``dataset[i]`` names the index (DatasetError)."""
-    from autotune.caches._codec import sample_nbytes
-    from autotune.dataset._determinism import check_deterministic
-    from autotune.dataset._fingerprint import dataset_fingerprint
 
     dataset = spec.dataset
     length = len(dataset)
@@ -65,8 +66,6 @@ def probe_stream(spec: UserSpec, length: int | None, count: int = 8) -> Probe:
     """The first ``count`` samples of a stream, read in this process: their cost, size and bits."""
     import hashlib
 
-    from autotune.caches._codec import sample_nbytes
-    from autotune.dataset._stream import first_samples, sample_key
 
     samples, seconds = first_samples(spec.dataset, count)
     ready = [spec.transform(s) for s in samples] if spec.transform is not None else samples

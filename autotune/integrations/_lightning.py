@@ -19,6 +19,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from autotune._loader import with_transform
+from autotune.dataset._stream import is_stream
 from autotune.errors import DatasetError
 
 log = logging.getLogger("autotune")
@@ -61,8 +63,6 @@ def plain_loader(dataset: Any, calls: list[Resolved], *, transform: Callable[...
     """What ``autotune.dataloader`` returns while a datamodule is resolved: torch's defaults."""
     from torch.utils.data import DataLoader
 
-    from autotune._loader import with_transform
-    from autotune.dataset._stream import is_stream
 
     for key in ("cache", "cache_dir", "progress", "apply_process_settings", "on_mismatch", "loader_cls"):
         kwargs.pop(key, None)
@@ -109,6 +109,6 @@ def quiet_worker_warning(profile: Any) -> None:
         if action == "ignore" and message is not None and message.pattern == WORKER_WARNING:
             return
     warnings.filterwarnings("ignore", message=WORKER_WARNING, category=UserWarning)
-    note = (profile.measured or {}).get("note")
+    note = profile.measured.note
     log.info("autotune: Lightning's 'does not have many workers' warning is filtered: this machine's recipe "
              "chose num_workers=0 by measurement%s", f" ({note})" if note else "")

@@ -20,8 +20,13 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from autotune._loader import make_loader, with_transform
+from autotune.caches._fill import FirstEpochCache, filling_source
+from autotune.caches._gather import cached_source
+from autotune.caches._key import dataset_key
 from autotune.config import WORKER_ONLY as _WORKER_ONLY
 from autotune.config import ConfigError, LoaderConfig
+from autotune.dataset._determinism import check_deterministic
+from autotune.dataset._stream import is_stream
 from autotune.errors import AutotuneError
 from autotune.machine._cpus import build_workers
 from autotune.recipe._process import apply_at_runtime
@@ -94,7 +99,6 @@ def cache_manifest(dataset: Any, data_dir: str | Path | None = None) -> dict[str
     """What a full cache of ``dataset`` is stored under and checked against: the identity and content
     key of the dataset actually passed (``caches._key``), never anything the recipe says, so a train
     and a val set through one recipe get two caches."""
-    from autotune.caches._key import dataset_key
 
     return dataset_key(dataset, data_dir=data_dir)
 
@@ -121,7 +125,6 @@ def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os
     """The opened (or built) cache of ``dataset``, or None when its samples are random: one warning
     then, since a cache would freeze one draw of them for every epoch."""
     from autotune import caches
-    from autotune.dataset._determinism import check_deterministic
 
     deterministic, _ = check_deterministic(dataset)
     if not deterministic:
@@ -139,9 +142,6 @@ def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os
 
 def _filling_source(dataset: Any) -> Any:
     """A memory cache filled while the first epoch trains, or None when the samples are random (warned)."""
-    from autotune.caches._fill import FirstEpochCache
-    from autotune.dataset._determinism import check_deterministic
-
     deterministic, _ = check_deterministic(dataset)
     if not deterministic:
         warnings.warn(
@@ -158,7 +158,6 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
                  loader_cls: type[DataLoader[Any]] = DataLoader, **overrides: Any) -> DataLoader[Any]:
     """A DataLoader over ``dataset`` with the profile's settings; see the module docstring for precedence.
     ``loader_cls`` builds another DataLoader subclass with the same arguments (torchdata's StatefulDataLoader)."""
-    from autotune.dataset._stream import is_stream
 
     stream = is_stream(dataset)
     tuned_batch = (profile.settings or {}).get("batch_size")
@@ -204,9 +203,6 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
             fill = None
     res.settings["cache_fill"], res.sources["cache_fill"] = fill, res.sources["cache"]
     if source is not None:
-        from autotune.caches._fill import FirstEpochCache, filling_source
-        from autotune.caches._gather import cached_source
-
         pick = filling_source if isinstance(source, FirstEpochCache) else cached_source
         data, collate_fn = pick(source, transform, overrides.get("collate_fn"))
         if collate_fn is not None:

@@ -126,7 +126,8 @@ def _cache_files(profile: Any, dataset: Any) -> set[str]:
 
 
 def validate(recipe: Any, dataset: Any, *, transform: Callable[..., Any] | None = None,
-             train_step: Callable[..., Any] | None = None, collate_fn: Callable[..., Any] | None = None, batch_size: int | None = None,
+             train_step: Callable[..., Any] | None = None, collate_fn: Callable[..., Any] | None = None,
+             batch_size: int | None = None,
              evict_paths: Any = None, max_batches: int | None = None, epochs: int = 2, seed: int = 0,
              progress: bool = False) -> Validation:
     """Run ``recipe`` over ``dataset`` for real: a cold first epoch, then ``epochs - 1`` warm ones.

@@ -10,6 +10,7 @@ import torch
 
 from autotune.dataset._probe import Probe
 from autotune.machine._memory import format_bytes
+from autotune.recipe._allocator import ALLOCATORS, availability
 from autotune.tuner._space import Space, start_methods
 
 
@@ -58,7 +59,6 @@ def cache_choices(probe: Probe, limits: Limits) -> tuple[str | None, ...]:
 
 
 def allocator_choices(limits: Limits) -> tuple[str, ...]:
-    from autotune.recipe._allocator import ALLOCATORS, availability
 
     wanted = ALLOCATORS if limits.allocators is None else limits.allocators
     have = availability()

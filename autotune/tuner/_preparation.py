@@ -65,7 +65,9 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
         usable_cpus=usable_cpus(ranks),
         memory_budget=(opts.max_memory or default_budget()) // ranks,  # each rank's share: N run at once
         disk_free=disk_free(opts.workdir),
-        max_workers=opts.max_workers,
+        # With N ranks, workers per rank may go up to the node's CPUs: the N ranks' loaders are measured
+        # competing for them, so the measurement, not a division by N, decides.
+        max_workers=opts.max_workers if opts.max_workers is not None or ranks == 1 else usable_cpus(1),
         caches=opts.caches,
         allocators=opts.allocators,
         stateful=stateful is not None,
@@ -93,7 +95,8 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
                         fingerprint=probe.fingerprint)
     if ranks > 1:
         limits.notes.append(f"{ranks} ranks per node: each candidate runs as {ranks} processes at once, each on "
-                            f"its own shard; the figure is the slowest rank's; memory and /dev/shm are shared")
+                            f"its own shard; the figure is the slowest rank's; memory and /dev/shm are shared; "
+                            f"workers per rank are tried up to the node's {limits.max_workers} CPUs")
     return Setup(hw, probe, limits, space, plan, workload, probe.batch_bytes, shm_free(), trial_seconds, ranks)
 
 

@@ -305,8 +305,10 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, space: Space, setup: Se
 
 def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
     """Informed first points, measured before the sampler explores: the default every recipe is checked
-    against, the usual advice (a worker per CPU, persistent), a cache read in the main process, and
-    where the space has it, the memory cache filled by workers while the first epoch trains."""
+    against, the usual advice (a worker per CPU, persistent), a cache read in the main process and, where
+    the space has it, the memory cache filled by workers while the first epoch trains; where no cache is
+    offered (a stream), the default with one main-process thread instead, since decoding in the main
+    process competes with torch's own intra-op threads on a small machine."""
     priors = [default]
     if space.max_workers:
         priors.append(LoaderConfig(num_workers=space.max_workers, prefetch_factor=2,
@@ -323,6 +325,8 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
                                        persistent_workers=True in space.persistent, multiprocessing_context="fork",
                                        main_threads=default.main_threads, cache="memory", cache_fill="first_epoch",
                                        allocator=allocator))
+    elif 1 in space.main_threads and default.main_threads != 1:
+        priors.append(replace(default, main_threads=1))
     return priors
 
 
@@ -402,7 +406,8 @@ _RUNS_PREFIX = "finalist-runs:"  # a study attribute per search: its finalists' 
 
 
 def _slim(result: dict[str, Any]) -> dict[str, Any]:
-    return {k: result[k] for k in ("prediction", "epochs", "peak_memory_bytes", "measured_samples") if k in result}
+    keep = ("prediction", "epochs", "peak_memory_bytes", "measured_samples", "eviction", "build_seconds_subset")
+    return {k: result[k] for k in keep if k in result}
 
 
 def _pool_runs(study: optuna.Study, figures: dict[LoaderConfig, list[dict[str, Any]]],
