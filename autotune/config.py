@@ -24,14 +24,19 @@ The validity rules (docs/architecture.md, "Loader configuration rules"):
 3. A forked worker keeps one intra-op thread: GNU OpenMP is not fork-safe once the parent has run a
    parallel region (the child hangs in its first one), so ``worker_threads > 1`` needs spawn or
    forkserver.
+4. ``cache_fill`` says when the cache is filled: ``"build"`` (before the first epoch, a pass of its
+   own) or ``"first_epoch"`` (while the first epoch trains: each sample the workers decode goes to
+   training and into the cache, later epochs read the cache). It only means something with a cache;
+   without one it must be ``"build"``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from autotune.errors import RecipeError
 
@@ -39,6 +44,7 @@ DEFAULT_PREFETCH = 2  # DataLoader's own default with workers
 CONTEXTS = ("fork", "forkserver", "spawn")
 CACHES = ("memory", "pickle", "hdf5", "lmdb")
 ALLOCATORS = ("glibc", "glibc-tuned", "tcmalloc", "jemalloc")
+CACHE_FILLS = ("build", "first_epoch")
 WORKER_ONLY = ("prefetch_factor", "persistent_workers", "multiprocessing_context", "worker_threads")
 MAX_WORKERS = 1024
 MAX_PREFETCH = 1024
@@ -77,6 +83,7 @@ class LoaderConfig:
     main_threads: int | None = None  # torch.set_num_threads in the training process; None: torch's
     cache: str | None = None  # a cache backend, None for none
     allocator: str = "glibc"
+    cache_fill: str = "build"  # when the cache is filled (rule 4); recipes without it read "build"
 
     def __post_init__(self) -> None:
         _check_int("num_workers", self.num_workers, 0, MAX_WORKERS, optional=False)
@@ -89,6 +96,9 @@ class LoaderConfig:
         _check_choice("multiprocessing_context", self.multiprocessing_context, CONTEXTS, optional=True)
         _check_choice("cache", self.cache, CACHES, optional=True)
         _check_choice("allocator", self.allocator, ALLOCATORS, optional=False)
+        _check_choice("cache_fill", self.cache_fill, CACHE_FILLS, optional=False)
+        if self.cache_fill != "build" and self.cache is None:  # rule 4
+            raise ConfigError(f"cache_fill={self.cache_fill!r} needs a cache, but cache=None")
         if not self.num_workers:  # rule 1
             set_ = [k for k in WORKER_ONLY if getattr(self, k) not in (None, False)]
             if set_:
@@ -112,6 +122,8 @@ class LoaderConfig:
                 values[key] = False if key == "persistent_workers" else None
         if not fork_allows_threads(values.get("multiprocessing_context"), values.get("worker_threads")):
             values["worker_threads"] = None
+        if values.get("cache") is None:  # rule 4
+            values["cache_fill"] = "build"
         return cls(**values)
 
     def replace(self, **changes: Any) -> LoaderConfig:
@@ -150,8 +162,12 @@ class LoaderConfig:
             raise RecipeError(f"a profile's 'config' is invalid: {exc}") from None
 
     def key(self) -> str:
-        """A stable text identity (the same configuration always gives the same key)."""
-        return ",".join(f"{k}={v!r}" for k, v in sorted(self.to_json().items()))
+        """A stable text identity (the same configuration always gives the same key; a field added later
+        is left out at its default, so keys written before it stay the same)."""
+        items = self.to_json()
+        if items["cache_fill"] == "build":
+            del items["cache_fill"]
+        return ",".join(f"{k}={v!r}" for k, v in sorted(items.items()))
 
     def process_settings(self) -> Any:
         """The process-level part: allocator and thread counts (``autotune.recipe._process``)."""
@@ -176,6 +192,8 @@ class LoaderConfig:
         if self.main_threads:
             parts.append(f"main_threads={self.main_threads}")
         parts.append(f"cache={self.cache or 'none'}")
+        if self.cache and self.cache_fill != "build":
+            parts.append(f"cache_fill={self.cache_fill}")
         if self.allocator != "glibc":
             parts.append(f"allocator={self.allocator}")
         return ", ".join(parts)

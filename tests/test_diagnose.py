@@ -86,7 +86,13 @@ def test_diagnose_measures_files_transform_collate_and_consumer(tmp_path):
     assert m.pin is None and m.h2d is None  # no CUDA here
     doc = json.loads(json.dumps(to_json(m, v), allow_nan=False))
     check_schema(doc)
-    assert "Verdict:" in format_table(m, v)
+    table = format_table(m, v)
+    assert "Verdict:" in table
+    from autotune.machine._cpus import build_workers
+
+    # the memory-cache build of the same 16 samples against a bare decode of them, same workers
+    assert m.build > 0 and m.bare_decode > 0 and m.build_fixed > 0 and m.build_workers == build_workers()
+    assert "build vs bare decode" in table and f"of the 16 samples on {build_workers() or 'no'} worker(s)" in table
 
 
 def test_cli_json_schema(tmp_path, capsys):

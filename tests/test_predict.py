@@ -72,3 +72,18 @@ def test_the_head_of_an_epoch_is_its_first_two_batches_when_known():
     assert scale_epoch(t, 6) == 1.0
     two = EpochTiming(seconds=0.5, first_batch=0.2, batches=2, head_seconds=0.5)
     assert two.head() == (0.2, 1) and two.per_batch == pytest.approx(0.3)
+
+
+def test_a_builds_start_up_is_paid_once_and_the_factorys_fixed_steps_added_unscaled():
+    from autotune.tuner._predict import scale_build
+
+    # 256 samples built in 1.3 s, 16 of them in 0.34 s: 0.004 s a sample after 0.28 s of start-up
+    assert scale_build(1.3, 256, 2000, (0.34, 16)) == pytest.approx(0.34 + (1.3 - 0.34) / 240 * 1984)
+    assert scale_build(1.3, 256, 2000) == pytest.approx(1.3 * 2000 / 256)  # no head: scaled whole
+    assert scale_build(1.3, 2000, 2000, (0.34, 16)) == 1.3  # the whole dataset was built: as measured
+    t = EpochTiming(seconds=1.0, first_batch=0.1, batches=4)
+    p = predict(first=t, warm=t, build_seconds=1.3, measured_samples=256, length=2000, batch_size=64, epochs=3,
+                build_fixed_seconds=0.2, build_head=(0.34, 16))
+    assert p.build_seconds == pytest.approx(0.2 + scale_build(1.3, 256, 2000, (0.34, 16)))
+    assert p.build_fixed_seconds == 0.2
+    assert p.total_seconds == pytest.approx(p.build_seconds + p.first_epoch_seconds + 2 * p.epoch_seconds)

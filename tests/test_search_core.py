@@ -178,6 +178,18 @@ def test_priors_fit_a_space_without_persistent_workers():
         assert space.suggest(optuna.trial.FixedTrial(space.params_for(prior))) == prior
 
 
+def test_the_cache_filled_while_the_first_epoch_trains_is_a_prior_the_search_measures():
+    space = Space(max_workers=2, caches=(None, "memory"), cache_fills=("build", "first_epoch"),
+                  allocators=("glibc", "glibc-tuned"))
+    priors = _priors(space, DEFAULT)
+    assert priors[-1] == LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True,
+                                      multiprocessing_context="fork", cache="memory", cache_fill="first_epoch",
+                                      allocator="glibc-tuned")
+    assert priors[-2].cache == "memory" and priors[-2].cache_fill == "build"  # against "build first"
+    for prior in priors:
+        assert space.suggest(optuna.trial.FixedTrial(space.params_for(prior))) == prior
+
+
 def test_without_caches_the_priors_try_one_main_thread():
     space = Space(max_workers=2, main_threads=(None, 1, 2))
     assert _priors(space, DEFAULT)[-1] == LoaderConfig(main_threads=1)

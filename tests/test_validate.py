@@ -156,3 +156,31 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, files, capsys):
     assert len(err) == 4 and all(line.startswith("autotune: error: ") for line in err)
     (profile,) = json.loads(recipe_path.read_text())["profiles"].values()
     assert "validation" not in profile["measured"]
+
+
+def test_fresh_process_validation_record(tmp_path, files, capsys):
+    """`autotune validate` runs the factory in a new process from a cold start, for the recipe's epochs,
+    and stores build, first epoch, steady epoch and total against the prediction, typed."""
+    import os
+
+    from autotune.recipe._measured import ValidationRecord
+
+    recipe_path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig(cache="memory"))
+    before = set(os.listdir(__import__("tempfile").gettempdir()))
+    assert cli.main(["validate", dataset_file(tmp_path, files), "--recipe", str(recipe_path)]) == 0
+    out = capsys.readouterr().out
+    assert "build (dataloader())" in out and "whole run, 2 epochs" in out and "build vs bare decode" in out
+    leftover = set(os.listdir(__import__("tempfile").gettempdir())) - before
+    assert not [n for n in leftover if n.startswith("autotune-validate-")], "the empty cache folder is removed"
+    v = autotune.load(recipe_path).measured.validation
+    assert isinstance(v, ValidationRecord)
+    assert v.fresh_process and v.epochs_run == 2 and not v.extrapolated and v.cache_fill == "build"
+    assert v["loader"]["cache"] == "memory" and v["files_found_by"] == "path list"
+    assert [e["batches"] for e in v["epochs"]] == [5, 5]
+    assert (v.build.predicted, v.first_epoch.predicted, v.epoch.predicted, v.total.predicted) == (0.0, 2.0, 0.5, 3.0)
+    assert v.total.measured == pytest.approx(v.build.measured + v.first_epoch.measured + v.epoch.measured)
+    assert v.first_epoch.measured == v["epochs"][0]["seconds"] and v.epoch.measured == v["epochs"][1]["seconds"]
+    assert v.total.error_percent == pytest.approx((v.total.measured - 3.0) / 3.0 * 100)
+    assert v["total_error_percent"] == pytest.approx(v.total.error_percent)
+    assert v.bare_decode_seconds > 0 and set(v["build_parts"]) == {"recipe_load", "determinism_check"}
+    assert v["process_start_seconds"] > 0 and v["eviction"]["files"] == 40

@@ -14,7 +14,9 @@
         "transfer",                     # per batch, worker -> main process, extra over in-process
         "pin", "h2d",                   # per batch; null without CUDA
         "consumer", "consumer_kind", "consumer_on_cpu",  # per batch; null when nothing consumes
-        "notes": [str]
+        "notes": [str],
+        "build", "bare_decode",         # memory-cache build vs dataset[i] alone, same samples and workers,
+        "build_fixed", "build_workers"  # files evicted (null: not measured); its fixed part
       },
       "verdict": {                      # autotune.verdict.Verdict
         "bound": "consumer" | "loader",

@@ -47,7 +47,8 @@ def parse_caches(text: str) -> tuple[str, ...]:
 
 
 def add_search_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", metavar="PATH[:NAME]", help="Python file defining the dataset (NAME defaults to 'dataset')")
+    p.add_argument("target", metavar="PATH[:NAME]",
+                   help="Python file defining the dataset (NAME defaults to 'dataset')")
     p.add_argument("--budget", default="2m", help="time budget for the whole search, e.g. 90s, 2m, 1h (default 2m)")
     p.add_argument("--batch-size", type=int, help="batch size (default: the file's batch_size, else 32)")
     p.add_argument("--epochs", type=int, help="epochs the recipe is optimised for (default: the file's, else 10)")
@@ -72,7 +73,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_search_arguments(p)
     p.add_argument("--output", "-o", default="autotune.json", help="recipe file (default autotune.json)")
     p.add_argument("--validate", action="store_true",
-                   help="then run the recipe for real (a cold and a warm epoch) and print predicted vs measured")
+                   help="then run the recipe as the user will (a fresh process, cold start, its epochs) "
+                   "and print predicted vs measured")
     p.set_defaults(func=run)
 
 
@@ -179,4 +181,5 @@ def validate_recipe(recipe: Recipe, spec: UserSpec, args: argparse.Namespace) ->
     subset = recipe.profile.measured.subset
     # A dataset too large to read whole during a search is validated on as many batches as a trial read.
     max_batches = max(2, subset.measured // spec.batch_size) if subset and subset.extrapolated else None
-    return validate_spec(recipe, spec, recipe_path=args.output, data_dir=args.data_dir, max_batches=max_batches)
+    return validate_spec(recipe, spec, recipe_path=args.output, target=args.target, data_dir=args.data_dir,
+                         max_batches=max_batches)

@@ -1,8 +1,9 @@
-"""`autotune validate PATH[:NAME]`: run the recipe for real and print predicted against measured.
+"""`autotune validate PATH[:NAME]`: run the recipe as the user will and print predicted against measured.
 
-A cold first epoch (the dataset's files evicted from the page cache first) and a warm one, each
-bounded by ``--max-batches`` for a large dataset and then extrapolated as the search does; the result
-is stored in this machine's profile under ``measured["validation"]``.
+A fresh process, the factory from a cold start (the dataset's files evicted, an empty cache folder),
+the recipe's epochs, each bounded by ``--max-batches`` for a large dataset and then extrapolated as
+the search does; build, first epoch, steady epoch and total are compared with the recipe's prediction
+and stored in this machine's profile under ``measured["validation"]``.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("validate", help="run the recipe for real: predicted against measured epoch times",
                        description="Run the recipe over the dataset: a cold first epoch and a warm one; print "
                        "predicted against measured with the error in percent, and store it in the recipe.")
-    p.add_argument("target", metavar="PATH[:NAME]", help="Python file defining the dataset (NAME defaults to 'dataset')")
+    p.add_argument("target", metavar="PATH[:NAME]",
+                   help="Python file defining the dataset (NAME defaults to 'dataset')")
     p.add_argument("--recipe", default="autotune.json", help="recipe file (default autotune.json)")
     p.add_argument("--max-batches", type=int, help="measure at most this many batches per epoch, then extrapolate")
-    p.add_argument("--epochs", type=int, default=2, help="epochs to run: the cold first and warm ones (default 2)")
+    p.add_argument("--epochs", type=int, help="epochs to run (default: the recipe's)")
     p.add_argument("--batch-size", type=int, help="batch size (default: the recipe's)")
     p.add_argument("--data-dir", help="folder of the dataset's files to evict (default: found from what it opens)")
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffle (default 0)")
@@ -68,25 +70,51 @@ def summary(v: Validation, recipe_path: str | None, stored: bool) -> str:
                  f"{_secs(v.measured_first_epoch_seconds):>12}{_pct(v.first_epoch_error_percent):>10}")
     lines.append(f"  {'later epoch (warm)':22}{_secs(v.predicted_epoch_seconds):>12}"
                  f"{_secs(v.measured_epoch_seconds):>12}{_pct(v.epoch_error_percent):>10}")
-    if v.predicted_build_seconds or v.measured_build_seconds >= 0.5:
-        lines.append(f"  {'loader and cache':22}{_secs(v.predicted_build_seconds):>12}{_secs(v.measured_build_seconds):>12}")
+    lines.append(f"  {'build (dataloader())':22}{_secs(v.predicted_build_seconds):>12}"
+                 f"{_secs(v.measured_build_seconds):>12}{_pct(v.build_error_percent):>10}")
+    if v.measured_total_seconds is not None:
+        lines.append(f"  {f'whole run, {v.epochs_run} epochs':22}{_secs(v.predicted_total_seconds):>12}"
+                     f"{_secs(v.measured_total_seconds):>12}{_pct(v.total_error_percent):>10}")
+    if v.bare_decode_seconds is not None:
+        parts = ", ".join(f"{k} {_secs(val)}" for k, val in v.build_parts.items())
+        lines.append(f"  build vs bare decode: {_secs(v.measured_build_seconds)} against "
+                     f"{_secs(v.bare_decode_seconds)} decoding the same samples on {v.bare_decode_workers or 'no'} "
+                     f"worker(s)" + (f"; fixed steps: {parts}" if parts else ""))
+    if v.fresh_process:
+        lines.append(f"  run in a fresh process from a cold start (start-up before the factory: "
+                     f"{_secs(v.process_start_seconds)}, not counted)")
     lines.append("  error = (measured - predicted) / predicted: positive when the run took longer than promised")
     if stored:
         lines.append(f"Stored in {recipe_path} under this profile's measured[\"validation\"].")
     return "\n".join(lines)
 
 
-def validate_spec(recipe: Recipe, spec: UserSpec, *, recipe_path: str | None, data_dir: str | None = None,
-                  max_batches: int | None = None, epochs: int = 2, seed: int = 0) -> str:
-    """Run ``recipe`` for real on the dataset file's spec, store the result when given a recipe path, and
-    return the summary to print (shared by `autotune validate` and `autotune search --validate`)."""
-    from autotune.machine._evict import files_under
-    from autotune.recipe._validate import store, validate
+def validate_spec(recipe: Recipe, spec: UserSpec, *, recipe_path: str | None, target: str,
+                  recipe_file: str | None = None, data_dir: str | None = None, max_batches: int | None = None,
+                  epochs: int | None = None, seed: int = 0) -> str:
+    """Run ``recipe`` as the user will (a fresh process over ``target``, the dataset file), store the result
+    when given a recipe path, and return the summary to print (shared by `autotune validate` and
+    `autotune search --validate`). ``recipe_file`` is where the recipe is read (default ``recipe_path``)."""
+    from autotune.recipe._validate import store, validate_fresh
 
-    result = validate(recipe, spec.dataset, transform=spec.transform, train_step=spec.train_step,
-                      collate_fn=spec.collate_fn, batch_size=spec.batch_size,
-                      evict_paths=files_under(data_dir) if data_dir else None,
-                      max_batches=max_batches, epochs=epochs, seed=seed)
+    if data_dir:
+        from autotune.machine._evict import files_under
+
+        files_under(data_dir)  # a bad folder is refused before the run
+    recipe_file = recipe_file or recipe_path
+    if recipe_file is None:  # a search that writes no file: the fresh process reads a temporary one
+        import tempfile
+        from pathlib import Path
+
+        from autotune.recipe._file import RecipeFile
+
+        with tempfile.TemporaryDirectory(prefix="autotune-validate-") as folder:
+            RecipeFile.merge_write(Path(folder) / "autotune.json", recipe.profile)
+            return validate_spec(recipe, spec, recipe_path=None, target=target,
+                                 recipe_file=str(Path(folder) / "autotune.json"), data_dir=data_dir,
+                                 max_batches=max_batches, epochs=epochs, seed=seed)
+    result = validate_fresh(recipe, recipe_file, target, batch_size=spec.batch_size,
+                            epochs=epochs, max_batches=max_batches, data_dir=data_dir, seed=seed)
     if recipe_path:
         store(recipe_path, result)
     return summary(result, recipe_path, bool(recipe_path))
@@ -98,13 +126,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_batches is not None and args.max_batches < 2:
         raise AutotuneError(f"--max-batches must be at least 2, but got {args.max_batches}.")
-    if args.epochs < 2:
-        raise AutotuneError(f"--epochs must be at least 2 (a cold and a warm epoch), but got {args.epochs}.")
+    if args.epochs is not None and args.epochs < 1:
+        raise AutotuneError(f"--epochs must be at least 1, but got {args.epochs}.")
     if args.batch_size is not None and args.batch_size < 1:
         raise AutotuneError(f"--batch-size must be a positive integer, but got {args.batch_size}.")
     recipe = load(args.recipe)
     spec = load_user_file(args.target, batch_size=args.batch_size or recipe.profile.settings.get("batch_size"))
     require_map_style(spec, "validate")
-    print(validate_spec(recipe, spec, recipe_path=None if args.no_store else args.recipe, data_dir=args.data_dir,
-                        max_batches=args.max_batches, epochs=args.epochs, seed=args.seed))
+    print(validate_spec(recipe, spec, recipe_path=None if args.no_store else args.recipe, target=args.target,
+                        recipe_file=args.recipe, data_dir=args.data_dir, max_batches=args.max_batches,
+                        epochs=args.epochs, seed=args.seed))
     return 0

@@ -13,7 +13,9 @@
 4. transfer: a DataLoader with one worker over those pre-made batches against the same loop in-process
    (each batch is a fresh copy in both; the difference is the hop between processes);
 5. pinning and the host-to-device copy where CUDA exists ("n/a (no CUDA)" otherwise);
-6. the consumer: ``train_step`` (or the default device copy) alone, on batches already in memory.
+6. the consumer: ``train_step`` (or the default device copy) alone, on batches already in memory;
+7. a memory-cache build of the subset against a bare decode pass of it on the same workers, files
+   evicted (``autotune.diagnose._build``): what a cache build costs over decoding.
 
 The figures become ``autotune.diagnose._verdict.Measurements`` and the verdict is ``autotune.diagnose._verdict.judge``.
 A run is a few seconds to a minute: the subset is small and each measurement short.
@@ -27,7 +29,8 @@ import os
 import statistics
 import textwrap
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -380,9 +383,22 @@ def measure(spec: UserSpec, *, samples: int | None = None, seed: int = 0,
         say(f"the consumer ({kind}) alone")
         consumer = consumer_seconds(consume, batches)
 
+    say("a cache build against a bare decode of the same samples")
+    cost = None
+    try:
+        from autotune.diagnose._build import build_against_decode
+
+        cost = build_against_decode(dataset, indices, files)
+    except Exception as exc:  # noqa: BLE001 - a sample the cache cannot hold: the rest still stands
+        notes.append(f"the cache build was not measured: {type(exc).__name__}: {exc}")
+
     if not evicted and paths:
         notes.append("the files could not be evicted: cold figures are warm")
     return Measurements(
+        build=cost.build_seconds if cost else None,
+        bare_decode=cost.bare_decode_seconds if cost else None,
+        build_fixed=cost.fixed_seconds if cost else None,
+        build_workers=cost.workers if cost else None,
         batch_size=batch_size,
         usable_cpus=usable_cpus(),
         sample_cold=_mean(cold_per_sample),
@@ -466,7 +482,8 @@ def format_table(m: Measurements, v: Verdict) -> str:
         files = f"{m.files} files, {_b(m.file_bytes_per_sample)}/sample"
         row("  opening+reading files, cold", m.read_cold, b * m.read_cold,
             f"{_pct(m.read_cold, m.sample_cold)} of cold; {files}")
-        row("  opening+reading files, warm", m.read_warm, b * m.read_warm, f"{_pct(m.read_warm, m.sample_warm)} of warm")
+        row("  opening+reading files, warm", m.read_warm, b * m.read_warm,
+            f"{_pct(m.read_warm, m.sample_warm)} of warm")
         rest = max(m.sample_warm - m.read_warm, 0.0)
         row("  rest: decode etc., warm", rest, b * rest, f"{_pct(rest, m.sample_warm)} of warm")
     else:
@@ -486,6 +503,12 @@ def format_table(m: Measurements, v: Verdict) -> str:
         row(f"consumer ({m.consumer_kind})", None, m.consumer, "alone, data already in memory")
     else:
         rows.append(("consumer", "", "none", "no train_step and no CUDA"))
+    if m.build is not None and m.bare_decode is not None and m.samples:
+        extra = m.build - m.bare_decode
+        row("build vs bare decode", m.build / m.samples, None,
+            f"memory-cache build {_t(m.build)} vs bare decode {_t(m.bare_decode)} of the {m.samples} samples on "
+            f"{m.build_workers or 'no'} worker(s): {_t(extra)} over ({_pct(extra, m.bare_decode)}); "
+            f"fixed part {_t(m.build_fixed)}")
     rows.append(("", "", "", ""))
     rows.append(("ceiling", "samples/s", "per batch", ""))
     c = v.ceilings

@@ -241,7 +241,7 @@ def _plot_finalists(profile: Any) -> bytes:
     rows = _finalist_rows(profile)
     fig, ax = plt.subplots(figsize=(9, 0.7 * len(rows) + 1.6))
     colors = {"chosen": _CHOSEN, "default": _DEFAULT, "finalist": _OTHER}
-    for i, (label, runs, role) in enumerate(rows):
+    for i, (_label, runs, role) in enumerate(rows):
         y = len(rows) - 1 - i
         if runs:
             median = statistics.median_low(runs)  # the rule the search chose by
@@ -288,7 +288,7 @@ def _plot_cold_warm(profile: Any, rows: list[TrialRow] | None) -> bytes:
     plt = _pyplot()
     data = _cold_warm_rows(profile, rows)
     fig, ax = plt.subplots(figsize=(9, 0.8 * len(data) + 1.6))
-    for i, (label, first, warm, role) in enumerate(data):
+    for i, (_label, first, warm, _role) in enumerate(data):
         y = len(data) - 1 - i
         ax.barh(y + 0.18, first, height=0.34, color="#1f77b4", label="first epoch (cold)" if i == 0 else None)
         ax.barh(y - 0.18, warm, height=0.34, color="#ff7f0e", label="later epoch (warm)" if i == 0 else None)

@@ -78,6 +78,12 @@ class Measurements:
     batch_bytes: float = 0.0  # payload of a collated batch
     cuda: bool = False
     notes: tuple[str, ...] = ()
+    # A memory-cache build of the subset against a bare decode of it, same workers, files evicted
+    # (autotune/diagnose/_build.py); None when it was not measured.
+    build: float | None = None
+    bare_decode: float | None = None
+    build_fixed: float | None = None  # the determinism check plus a 16-sample build (start-up)
+    build_workers: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -85,7 +91,7 @@ class Measurements:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Measurements":
+    def from_dict(cls, data: dict[str, Any]) -> Measurements:
         known = set(cls.__dataclass_fields__)
         values = {k: v for k, v in data.items() if k in known}
         values["notes"] = tuple(values.get("notes", ()))

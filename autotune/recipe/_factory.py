@@ -20,6 +20,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from autotune._loader import make_loader, with_transform
+from autotune.caches._fill import FirstEpochCache, filling_source
 from autotune.caches._gather import cached_source
 from autotune.caches._key import dataset_key
 from autotune.config import WORKER_ONLY as _WORKER_ONLY
@@ -77,6 +78,8 @@ def _resolve(profile: Any, overrides: dict[str, Any], cache: Any) -> tuple[Loade
             res.sources[key] = "recipe"
     if cache != FROM_RECIPE:
         values["cache"] = cache
+        if cache != base.cache:
+            values["cache_fill"] = "build"  # the recipe's fill was chosen for its own backend
     res.sources["cache"] = "recipe" if cache == FROM_RECIPE else "caller"
     if not values["num_workers"]:
         for key in WORKER_ONLY:
@@ -137,6 +140,18 @@ def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os
                                 workers=workers)
 
 
+def _filling_source(dataset: Any) -> Any:
+    """A memory cache filled while the first epoch trains, or None when the samples are random (warned)."""
+    deterministic, _ = check_deterministic(dataset)
+    if not deterministic:
+        warnings.warn(
+            "dataset[i] returns different samples on two reads, so the 'memory' cache is not used (it would "
+            "freeze one draw for every epoch): move the random part into transform=..., which runs after the "
+            "cache every epoch, to cache the deterministic part.", stacklevel=_caller_stacklevel())
+        return None
+    return FirstEpochCache(dataset)
+
+
 def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | None = None,
                  cache: str | None = FROM_RECIPE, cache_dir: str | os.PathLike[str] | None = None,
                  apply_process_settings: bool = True, progress: bool = True,
@@ -164,26 +179,36 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
     if config.cache and stream:
         raise AutotuneError(f"A stream (IterableDataset) cannot be cached (cache={config.cache!r}): a cache would "
                             "replay one recorded pass, freezing its order; pass cache=None.")
-    source = None
-    if config.cache:
-        source = _cached_source(dataset, config.cache, profile, cache_dir, progress, build_workers())
-        if source is None:
-            config = config.replace(cache=None)
-            res.settings["cache"], res.sources["cache"] = None, "not used: random samples"
-    if source is not None:
-
-        data, collate_fn = cached_source(source, transform, overrides.get("collate_fn"))
-        if collate_fn is not None:
-            overrides["collate_fn"] = collate_fn
-    else:
-        data = with_transform(dataset, transform, stream)
+    # The process settings first, so the cache build runs under them, as a trial's build did.
     if apply_process_settings:
         applied = apply_at_runtime(replace(config.process_settings(), worker_threads=None))
-        res.applied, res.not_applied = applied.applied, applied.not_applied
+        res.applied, res.not_applied = list(applied.applied), list(applied.not_applied)
         if config.num_workers and (config.worker_threads or config.allocator != "glibc"):
             res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
     else:
         config = config.replace(allocator="glibc", main_threads=None, worker_threads=None)
+    source = None
+    fill = config.cache_fill if config.cache else None
+    if fill == "first_epoch" and config.cache != "memory":
+        fill = "build"  # filling while training is the memory cache's (autotune/caches/_fill.py)
+        res.not_applied.append(f"cache_fill='first_epoch' with the {config.cache} cache: it is built first")
+    if config.cache:
+        if fill == "first_epoch":
+            source = _filling_source(dataset)
+        else:
+            source = _cached_source(dataset, config.cache, profile, cache_dir, progress, build_workers())
+        if source is None:
+            config = config.replace(cache=None)
+            res.settings["cache"], res.sources["cache"] = None, "not used: random samples"
+            fill = None
+    res.settings["cache_fill"], res.sources["cache_fill"] = fill, res.sources["cache"]
+    if source is not None:
+        pick = filling_source if isinstance(source, FirstEpochCache) else cached_source
+        data, collate_fn = pick(source, transform, overrides.get("collate_fn"))
+        if collate_fn is not None:
+            overrides["collate_fn"] = collate_fn
+    else:
+        data = with_transform(dataset, transform, stream)
     loader = make_loader(data, config, user_worker_init=user_init, loader_cls=loader_cls, **overrides)
     loader.autotune = res
     if not config.num_workers and res.sources.get("num_workers") == "recipe":

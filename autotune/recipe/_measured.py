@@ -84,6 +84,84 @@ class Finalist:
 
 
 @dataclass(frozen=True)
+class Phase:
+    """One phase of a validated run: what the recipe predicted and what the run took (seconds)."""
+
+    predicted: float | None
+    measured: float | None
+
+    @property
+    def error_percent(self) -> float | None:
+        """``(measured - predicted) / predicted * 100``: positive when the run took longer than promised."""
+        if self.measured is None or not self.predicted or self.predicted <= 0:
+            return None
+        return (self.measured - self.predicted) / self.predicted * 100.0
+
+
+def _optional_number(data: dict[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RecipeError(f"a profile's measured.validation.{key} must be a number, but got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ValidationRecord:
+    """What ``autotune validate`` measured, read typed from the recipe's ``measured.validation`` object.
+
+    The four phases of the user's run (build = the ``autotune.dataloader(...)`` call, first epoch,
+    steady epoch, total) predicted against measured, and how the run was made. ``record["key"]`` reads
+    the stored JSON as written (older recipes: the keys they have), so readers of the plain object keep
+    working."""
+
+    build: Phase
+    first_epoch: Phase
+    epoch: Phase
+    total: Phase
+    fresh_process: bool = False
+    epochs_run: int | None = None
+    extrapolated: bool = False
+    bare_decode_seconds: float | None = None
+    cache_fill: str | None = None
+    stored: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.stored[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.stored.get(key, default)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.stored
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.stored)
+
+    @classmethod
+    def from_json(cls, data: Any) -> ValidationRecord:
+        if not isinstance(data, dict):
+            raise RecipeError("a profile's measured.validation must be an object")
+
+        def phase(name: str) -> Phase:
+            return Phase(_optional_number(data, f"predicted_{name}_seconds"),
+                         _optional_number(data, f"measured_{name}_seconds"))
+
+        epochs_run = data.get("epochs_run")
+        if epochs_run is not None and (isinstance(epochs_run, bool) or not isinstance(epochs_run, int)):
+            raise RecipeError(f"a profile's measured.validation.epochs_run must be an integer, but got {epochs_run!r}")
+        fill = data.get("cache_fill")
+        if fill is not None and not isinstance(fill, str):
+            raise RecipeError(f"a profile's measured.validation.cache_fill must be a string, but got {fill!r}")
+        return cls(build=phase("build"), first_epoch=phase("first_epoch"), epoch=phase("epoch"),
+                   total=phase("total"), fresh_process=data.get("fresh_process") is True, epochs_run=epochs_run,
+                   extrapolated=data.get("extrapolated") is True,
+                   bare_decode_seconds=_optional_number(data, "bare_decode_seconds"), cache_fill=fill,
+                   stored=dict(data))
+
+
+@dataclass(frozen=True)
 class Measured:
     """A profile's measured figures: the chosen configuration's predicted run against the default's."""
 
@@ -106,7 +184,7 @@ class Measured:
     finalists: tuple[Finalist, ...] = ()
     study_name: str = ""
     study_storage: str = ""
-    validation: dict[str, Any] | None = None  # written by ``autotune validate`` (recipe/_validate.py)
+    validation: ValidationRecord | None = None  # written by ``autotune validate`` (recipe/_validate.py)
 
     @property
     def speedup(self) -> float | None:
@@ -114,9 +192,11 @@ class Measured:
         mine, theirs = self.chosen.total_seconds, self.default.total_seconds
         return theirs / mine if mine and theirs else None
 
-    def with_validation(self, validation: dict[str, Any]) -> Measured:
+    def with_validation(self, validation: dict[str, Any] | ValidationRecord) -> Measured:
         from dataclasses import replace
 
+        if not isinstance(validation, ValidationRecord):
+            validation = ValidationRecord.from_json(validation)
         return replace(self, validation=validation)
 
     def to_json(self) -> dict[str, Any]:
@@ -146,7 +226,7 @@ class Measured:
             study={"name": self.study_name, "storage": self.study_storage},
         )
         if self.validation is not None:
-            out["validation"] = self.validation
+            out["validation"] = self.validation.to_json()
         return out
 
     @classmethod
@@ -172,8 +252,8 @@ class Measured:
         if not isinstance(study, dict):
             raise RecipeError("a profile's measured.study must be an object")
         validation = data.get("validation")
-        if validation is not None and not isinstance(validation, dict):
-            raise RecipeError("a profile's measured.validation must be an object")
+        if validation is not None:
+            validation = ValidationRecord.from_json(validation)
         return cls(
             chosen=figures[0],
             default=figures[1],

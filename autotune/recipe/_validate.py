@@ -1,6 +1,14 @@
 """The promise checked: run a recipe for real and compare with what it predicted.
 
-A validation is one user run in miniature, in this process: the dataset's files (and a disk cache's)
+``validate_fresh`` runs what the user runs: a fresh Python process (``python -m
+autotune.recipe._validate``) loads the dataset file, evicts its source files, and calls
+``autotune.dataloader(...)`` (recipe load and cache build, timed as "build") against an empty temporary
+cache folder, so nothing an earlier run built is reused; then the recipe's ``epochs`` (each bounded by
+``max_batches`` and extrapolated). After the run, with the clock of the run stopped, the child times
+the parts of the build (recipe load, determinism check, cache key) and a bare decode pass of the same
+samples on the same build workers (``bare_decode``), so the build's overhead over decoding shows.
+
+``validate`` is the same run in miniature in this process: the dataset's files (and a disk cache's)
 are evicted from the page cache, the recipe's DataLoader is built (a cache is opened or built, timed),
 then a cold first epoch and warm later ones are consumed by ``train_step`` (or the default consumer).
 Shuffling is the user's ``shuffle=True``: a seeded random permutation per epoch.  For a large dataset
@@ -17,9 +25,10 @@ import datetime as _dt
 import os
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
@@ -29,7 +38,7 @@ from autotune.machine import _evict
 from autotune.tuner._measure import timed_epoch
 from autotune.tuner._predict import EpochTiming, batches_in, scale_epoch
 
-__all__ = ["Validation", "error_percent", "store", "validate"]
+__all__ = ["Validation", "bare_decode", "error_percent", "store", "validate", "validate_fresh"]
 
 
 class EpochOrders(Sampler[int]):
@@ -80,9 +89,20 @@ class Validation:
     on_this_machine: bool
     batch_size: int
     seed: int
-    validated_at: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).replace(
+    validated_at: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).replace(
         microsecond=0).isoformat())
     notes: list[str] = field(default_factory=list)
+    build_error_percent: float | None = None
+    predicted_total_seconds: float | None = None
+    measured_total_seconds: float | None = None
+    total_error_percent: float | None = None
+    epochs_run: int | None = None
+    fresh_process: bool = False  # run through the factory in a new process, against an empty cache folder
+    process_start_seconds: float | None = None  # interpreter, imports and dataset file, before the factory
+    bare_decode_seconds: float | None = None  # dataset[i] for every sample once, on the build's workers, cold
+    bare_decode_workers: int | None = None
+    build_parts: dict[str, float] = field(default_factory=dict)  # seconds of the build's fixed steps
+    cache_fill: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -105,8 +125,9 @@ def _cache_files(profile: Any, dataset: Any) -> set[str]:
     return _evict.files_under(path) if os.path.isdir(path) else {os.path.realpath(path)}
 
 
-def validate(recipe: Any, dataset: Any, *, transform: Callable | None = None, train_step: Callable | None = None,
-             collate_fn: Callable | None = None, batch_size: int | None = None,
+def validate(recipe: Any, dataset: Any, *, transform: Callable[..., Any] | None = None,
+             train_step: Callable[..., Any] | None = None, collate_fn: Callable[..., Any] | None = None,
+             batch_size: int | None = None,
              evict_paths: Any = None, max_batches: int | None = None, epochs: int = 2, seed: int = 0,
              progress: bool = False) -> Validation:
     """Run ``recipe`` over ``dataset`` for real: a cold first epoch, then ``epochs - 1`` warm ones.
@@ -168,17 +189,32 @@ def validate(recipe: Any, dataset: Any, *, transform: Callable | None = None, tr
     settings = dict(getattr(getattr(loader, "autotune", None), "settings", {}) or {})
     del loader
 
+    return _compare(profile, recipe.matches_this_machine, timings, build_seconds, full=full,
+                    measured_batches=measured_batches, epochs=epochs, report=report, found_by=found_by, fits=fits,
+                    settings=settings, batch_size=batch_size, seed=seed, notes=notes)
+
+
+def _compare(profile: Any, on_this_machine: bool, timings: list[EpochTiming], build_seconds: float, *, full: int,
+             measured_batches: int, epochs: int, report: _evict.EvictionReport | None, found_by: str,
+             fits: bool | None, settings: dict[str, Any], batch_size: int, seed: int, notes: list[str],
+             **extra: Any) -> Validation:
+    """Predicted (the profile's ``measured.chosen``) against measured, phase by phase."""
     first = scale_epoch(timings[0], full)
-    warm = statistics.median(scale_epoch(t, full) for t in timings[1:])
+    warm = statistics.median(scale_epoch(t, full) for t in timings[1:]) if len(timings) > 1 else None
     predicted = profile.measured.chosen
     pred_first, pred_warm = predicted.first_epoch_seconds, predicted.epoch_seconds
+    total = build_seconds + first + (warm or 0.0) * (epochs - 1)
+    pred_total = predicted.total_seconds
+    if pred_total is not None and predicted.epoch_seconds is not None and epochs != (profile.settings or {}).get(
+            "epochs", epochs):  # the same model for the epochs run
+        pred_total = ((predicted.build_seconds or 0.0) + (pred_first or 0.0) + predicted.epoch_seconds * (epochs - 1))
     return Validation(
         predicted_first_epoch_seconds=pred_first,
         measured_first_epoch_seconds=first,
         first_epoch_error_percent=error_percent(first, pred_first),
         predicted_epoch_seconds=pred_warm,
-        measured_epoch_seconds=warm,
-        epoch_error_percent=error_percent(warm, pred_warm),
+        measured_epoch_seconds=warm if warm is not None else first,
+        epoch_error_percent=error_percent(warm, pred_warm) if warm is not None else None,
         predicted_build_seconds=predicted.build_seconds,
         measured_build_seconds=build_seconds,
         batches_measured=measured_batches,
@@ -190,14 +226,21 @@ def validate(recipe: Any, dataset: Any, *, transform: Callable | None = None, tr
         fits_page_cache=fits,
         loader=settings,
         profile_fingerprint=profile.fingerprint,
-        on_this_machine=recipe.matches_this_machine,
+        on_this_machine=on_this_machine,
         batch_size=batch_size,
         seed=seed,
         notes=notes,
+        build_error_percent=error_percent(build_seconds, predicted.build_seconds),
+        predicted_total_seconds=pred_total,
+        measured_total_seconds=total,
+        total_error_percent=error_percent(total, pred_total),
+        epochs_run=epochs,
+        cache_fill=getattr(profile.config, "cache_fill", None) if profile.config.cache else None,
+        **extra,
     )
 
 
-def store(recipe_path: str | os.PathLike, validation: Validation) -> Path:
+def store(recipe_path: str | os.PathLike[str], validation: Validation) -> Path:
     """Write ``validation`` into its profile's ``measured["validation"]`` in the recipe file, atomically,
     under the recipe file's lock; the other profiles and fields are kept."""
     from autotune.recipe._file import RecipeFile, _locked
@@ -213,3 +256,214 @@ def store(recipe_path: str | os.PathLike, validation: Validation) -> Path:
             )
         profile.measured = profile.measured.with_validation(validation.to_dict())
         return rf.write(path)
+
+
+# --------------------------------------------------------------------------- the user's run, in a new process
+
+_FRESH_TIMEOUT = 3600.0  # seconds; a validation that hangs is stopped, not waited for forever
+
+
+class _Discard(torch.utils.data.Dataset[Any]):
+    """``dataset[i]`` for the i a bare decode pass reads, returning nothing: the decode, no transport."""
+
+    def __init__(self, dataset: Any):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> int:
+        self.dataset[i]
+        return 0
+
+
+def _none(batch: Any) -> None:
+    return None
+
+
+def bare_decode(dataset: Any, workers: int, files: set[str]) -> float:
+    """Seconds to read every ``dataset[i]`` once on ``workers`` processes (none: this one), the files evicted
+    first: the floor a cache build of the same samples on the same cores is compared with."""
+    if files:
+        _evict.evict(files)
+    start = time.perf_counter()
+    if workers:
+        loader = torch.utils.data.DataLoader(_Discard(dataset), batch_size=16, num_workers=workers,
+                                             collate_fn=_none)
+        for _ in loader:
+            pass
+    else:
+        for i in range(len(dataset)):
+            dataset[i]
+    return time.perf_counter() - start
+
+
+def _build_parts(recipe_path: str, dataset: Any, profile: Any) -> dict[str, float]:
+    """The fixed steps of the factory's build, each timed again on their own (the files now warm)."""
+    from autotune._api import load
+    from autotune.dataset._determinism import check_deterministic
+
+    parts: dict[str, float] = {}
+    start = time.perf_counter()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        load(recipe_path)
+    parts["recipe_load"] = time.perf_counter() - start
+    if profile.config.cache:
+        start = time.perf_counter()
+        check_deterministic(dataset)
+        parts["determinism_check"] = time.perf_counter() - start
+        if profile.config.cache != "memory":
+            from autotune.recipe._factory import cache_manifest
+
+            start = time.perf_counter()
+            cache_manifest(dataset, (profile.dataset or {}).get("data_dir") or None)
+            parts["cache_key"] = time.perf_counter() - start
+    return parts
+
+
+def _child(payload: dict[str, Any]) -> dict[str, Any]:
+    """The fresh process's run (see the module docstring); returns what it measured, as JSON-able data."""
+    import warnings
+
+    import autotune
+    from autotune._loader import DeviceConsumer
+    from autotune.dataset._userfile import load_user_file, require_map_style
+    from autotune.machine._cpus import build_workers
+
+    ready_wall = time.time()
+    spec = load_user_file(payload["target"], batch_size=payload["batch_size"])
+    require_map_style(spec, "validate")
+    dataset = spec.dataset
+    loaded_wall = time.time()
+    length, batch_size, epochs = len(dataset), payload["batch_size"], payload["epochs"]
+    full = batches_in(length, batch_size)
+    max_batches = payload.get("max_batches")
+    measured_batches = min(full, max_batches) if max_batches else full
+    take = min(length, measured_batches * batch_size)
+    generator = torch.Generator().manual_seed(payload["seed"])
+    orders = [torch.randperm(length, generator=generator)[:take].tolist() for _ in range(epochs)]
+    # Every file the build or the epochs read (the whole dataset's: a build reads it all), found as the
+    # search finds them (--data-dir, a Hugging Face dataset's Arrow files, or what dataset[i] opens).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cached = autotune.load(payload["recipe"]).config.cache is not None
+    read = list(range(length)) if cached else sorted({i for order in orders for i in order})
+    sources = _evict.source_files(dataset, read, length, payload.get("data_dir"))
+    files, found_by = set(sources.files), "given" if payload.get("data_dir") else sources.how
+    total_bytes = sum(os.stat(p).st_size for p in files if os.path.exists(p))
+    fits = _evict.fits_page_cache(total_bytes) if files else None
+    report = _evict.evict(files)
+
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # said once by the parent's load; the run is what is measured here
+        loader = autotune.dataloader(dataset, payload["recipe"], transform=spec.transform, collate_fn=spec.collate_fn,
+                                     batch_size=batch_size, sampler=EpochOrders(orders), progress=False)
+    build_seconds = time.perf_counter() - start
+    consume = spec.train_step if spec.train_step is not None else DeviceConsumer(bool(loader.pin_memory))
+    timings = [_timed_epoch(loader, consume) for _ in range(epochs)]
+    settings = dict(getattr(getattr(loader, "autotune", None), "settings", {}) or {})
+    del loader
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        profile = autotune.load(payload["recipe"]).profile
+    parts = _build_parts(payload["recipe"], dataset, profile)
+    workers = build_workers()
+    decode = bare_decode(dataset, workers, files) if profile.config.cache else None
+    return {
+        "timings": [asdict(t) for t in timings], "build_seconds": build_seconds, "report": report.to_dict(),
+        "found_by": found_by, "fits": fits, "settings": {k: v if isinstance(v, (str, int, float, bool, type(None)))
+                                                         else repr(v) for k, v in settings.items()},
+        "full": full, "measured_batches": measured_batches, "ready_wall": ready_wall, "loaded_wall": loaded_wall,
+        "build_parts": parts, "bare_decode_seconds": decode, "bare_decode_workers": workers,
+        "profile_fingerprint": profile.fingerprint,
+    }
+
+
+def validate_fresh(recipe: Any, recipe_path: str | os.PathLike[str], target: str, *, batch_size: int | None = None,
+                   epochs: int | None = None, max_batches: int | None = None, data_dir: str | None = None,
+                   seed: int = 0, timeout: float = _FRESH_TIMEOUT) -> Validation:
+    """Run the recipe as the user will (see the module docstring): ``target`` is the dataset file
+    (``PATH[:NAME]``), ``recipe_path`` the recipe ``recipe`` was loaded from; ``epochs`` defaults to the
+    recipe's. The temporary cache folder is removed afterwards, whatever happens."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    profile = recipe.profile
+    tuned_batch = (profile.settings or {}).get("batch_size")
+    batch_size = batch_size or tuned_batch or 32
+    epochs = epochs or (profile.settings or {}).get("epochs") or 2
+    if epochs < 1:
+        raise AutotuneError(f"--epochs must be at least 1, but got {epochs}.")
+    if max_batches is not None and max_batches < 2:
+        raise AutotuneError(f"--max-batches must be at least 2 (start-up and steady batches), but got {max_batches}.")
+    notes: list[str] = []
+    if tuned_batch and batch_size != tuned_batch:
+        notes.append(f"validated with batch_size={batch_size}, the recipe was tuned for {tuned_batch}")
+    if not recipe.matches_this_machine:
+        notes.append("the recipe was tuned on other hardware: " + "; ".join(recipe.changes))
+    payload = {"target": target, "recipe": os.path.abspath(os.fspath(recipe_path)), "batch_size": batch_size,
+               "epochs": epochs, "max_batches": max_batches, "data_dir": data_dir, "seed": seed}
+    cache_root = tempfile.mkdtemp(prefix="autotune-validate-")
+    env = dict(os.environ)
+    env["AUTOTUNE_CACHE_DIR"] = cache_root
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p)
+    try:
+        spawned = time.time()
+        out = subprocess.run([sys.executable, "-m", "autotune.recipe._validate", json.dumps(payload)], env=env,
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise AutotuneError(f"The validation run did not finish within {timeout:.0f} s; bound it with "
+                            "--max-batches.") from None
+    finally:
+        shutil.rmtree(cache_root, ignore_errors=True)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        errors = [line for line in out.stderr.splitlines() if line.startswith("autotune: error: ")]
+        if errors:
+            raise AutotuneError(errors[-1].removeprefix("autotune: error: "))
+        tail = " | ".join(out.stderr.strip().splitlines()[-3:])
+        raise AutotuneError(f"The validation run failed (exit {out.returncode}): {tail}")
+    got = json.loads(lines[-1])
+    if got["profile_fingerprint"] != profile.fingerprint:
+        notes.append("the fresh process loaded another profile of the recipe file than this one")
+    e = got["report"]
+    report = _evict.EvictionReport(**e)
+    if not report.effective:
+        notes.append(f"the first epoch may not be cold: {report.note}")
+    if got["fits"] is False:
+        notes.append("the data does not fit in the page cache: later epochs are cold too")
+    timings = [EpochTiming(**t) for t in got["timings"]]
+    return _compare(profile, recipe.matches_this_machine, timings, got["build_seconds"], full=got["full"],
+                    measured_batches=got["measured_batches"], epochs=epochs, report=report,
+                    found_by=got["found_by"], fits=got["fits"], settings=got["settings"], batch_size=batch_size,
+                    seed=seed, notes=notes, fresh_process=True, process_start_seconds=got["loaded_wall"] - spawned,
+                    bare_decode_seconds=got["bare_decode_seconds"], bare_decode_workers=got["bare_decode_workers"],
+                    build_parts=got["build_parts"])
+
+
+def _main(argv: list[str]) -> int:
+    import json
+    import sys
+
+    try:
+        result = _child(json.loads(argv[0]))
+    except AutotuneError as exc:
+        print(f"autotune: error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.flush()
+    print("\n" + json.dumps(result), flush=True)
+    os._exit(0)  # no teardown of workers or threads after the result is out
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))

@@ -78,6 +78,7 @@ def build_space(probe: Probe, limits: Limits) -> Space:
     # The main process's intra-op threads matter with or without a train_step: decode and collate run
     # there with num_workers=0, and its OpenMP threads compete with the workers for the same cores.
     main_threads = (None, *threads) if cpus > 1 else ()
+    caches = cache_choices(probe, limits)
     return Space(
         max_workers=max_workers,
         contexts=start_methods(),
@@ -85,6 +86,7 @@ def build_space(probe: Probe, limits: Limits) -> Space:
         worker_threads=threads,
         main_threads=main_threads,
         persistent=(False,) if limits.stateful else (False, True),
-        caches=cache_choices(probe, limits),
+        caches=caches,
+        cache_fills=("build", "first_epoch") if "memory" in caches else ("build",),
         allocators=allocator_choices(limits),
     )

@@ -11,8 +11,9 @@ import os
 import stat
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -69,12 +70,22 @@ def _consumer(workload: Workload, config: LoaderConfig) -> Callable[[Any], Any]:
     return workload.train_step if workload.train_step is not None else DeviceConsumer(config.pin_memory)
 
 
-def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, float, Callable[..., Any] | None]:
-    """The dataset the loader reads, the seconds spent building its cache (on the subset), the collate."""
+def _source(workload: Workload, config: LoaderConfig,
+            plan: Plan) -> tuple[Any, float, Callable[..., Any] | None, tuple[float, int] | None]:
+    """The dataset the loader reads, the seconds spent building its cache (on the subset), the collate,
+    and the build of a few samples that splits start-up from the per-sample cost (None: not measured)."""
     if plan.stream:
-        return with_transform(workload.dataset, workload.transform, stream=True), 0.0, workload.collate_fn
+        return with_transform(workload.dataset, workload.transform, stream=True), 0.0, workload.collate_fn, None
     if config.cache is None:
-        return Transformed(workload.dataset, workload.transform, plan.indices), 0.0, workload.collate_fn
+        return Transformed(workload.dataset, workload.transform, plan.indices), 0.0, workload.collate_fn, None
+    if config.cache_fill == "first_epoch" and config.cache == "memory":
+        from autotune.caches._fill import FirstEpochCache, filling_source
+
+        start = time.perf_counter()
+        cache = FirstEpochCache(workload.dataset, plan.indices)  # filled by the first epoch itself
+        build_seconds = time.perf_counter() - start
+        dataset, collate_fn = filling_source(cache, workload.transform, workload.collate_fn)
+        return dataset, build_seconds, collate_fn, None
     from autotune import caches  # the cache family is only needed by caching candidates
 
     backend = caches.get_backend(config.cache)
@@ -82,6 +93,13 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, 
     root = plan.cache_root or tempfile.mkdtemp(prefix="autotune-trial-")
     _hold_trial_folder(root)
     manifest = {"dataset": workload.fingerprint, "trial": True}
+    head = None
+    if len(plan.indices) < plan.length and len(plan.indices) > 4 * _BUILD_HEAD:
+        # A build of a few samples first: its start-up is paid once by the whole build (tuner/_predict.py).
+        start = time.perf_counter()
+        backend.build(workload.dataset, plan.indices[:_BUILD_HEAD], os.path.join(root, config.cache + "-head"),
+                      manifest=manifest, progress=False, workers=plan.build_workers)
+        head = (time.perf_counter() - start, _BUILD_HEAD)
     start = time.perf_counter()
     built = backend.build(workload.dataset, plan.indices, os.path.join(root, config.cache), manifest=manifest,
                           progress=False, workers=plan.build_workers)
@@ -89,7 +107,27 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> tuple[Any, 
     from autotune.caches._gather import cached_source
 
     dataset, collate_fn = cached_source(built, workload.transform, workload.collate_fn)
-    return dataset, build_seconds, collate_fn
+    return dataset, build_seconds, collate_fn, head
+
+
+_BUILD_HEAD = 16  # samples in the build that measures a build's start-up
+
+
+def _factory_fixed_seconds(workload: Workload, config: LoaderConfig, plan: Plan) -> float:
+    """The steps ``autotune.dataloader(...)`` runs before a cache build whatever the length, timed here in
+    its order on the files just evicted: the determinism check (a few samples read twice) and, for a
+    disk cache, the cache key (``caches._key``: the source files listed, probe samples digested)."""
+    if config.cache is None or plan.stream:
+        return 0.0
+    from autotune.dataset._determinism import check_deterministic
+
+    start = time.perf_counter()
+    check_deterministic(workload.dataset)
+    if config.cache != "memory":
+        from autotune.caches._key import dataset_key
+
+        dataset_key(workload.dataset)
+    return time.perf_counter() - start
 
 
 _held: dict[str, Any] = {}  # trial folder -> its lock, held for the life of the trial's process
@@ -177,7 +215,10 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     """
     applied = apply_at_runtime(config.process_settings())
     evictions = [_evict(plan)]  # before the cache build too: it reads the source files
-    dataset, build_seconds, collate_fn = _source(workload, config, plan)
+    fixed = _factory_fixed_seconds(workload, config, plan)
+    dataset, build_seconds, collate_fn, build_head = _source(workload, config, plan)
+    if config.cache and config.cache_fill == "first_epoch":
+        fixed, build_seconds = fixed + build_seconds, 0.0  # the schema's head: read once, whatever the length
     generator = torch.Generator().manual_seed(plan.seed)
     order: dict[str, Any] = {} if plan.stream else {"shuffle": True}  # a stream keeps its own order
     loader = make_loader(
@@ -192,7 +233,7 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
 
     bound = plan.stream_batches(workload.batch_size)
     batches = len(loader) if bound is None else bound
-    build_full = build_seconds * plan.length / n
+    build_full = fixed + build_seconds * plan.length / n
     restarts = 1 if config.persistent_workers else workload.epochs  # worker start-up paid per epoch
 
     def progress(epoch: int) -> Callable[[int, float, float], None]:
@@ -228,7 +269,8 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     if bound is not None and first.batches < bound:  # the stream ended before the bound: read whole
         n = length = min(n, first.batches * workload.batch_size)
     prediction = predict(first=first, warm=warm, build_seconds=build_seconds, measured_samples=n,
-                         length=length, batch_size=workload.batch_size, epochs=workload.epochs)
+                         length=length, batch_size=workload.batch_size, epochs=workload.epochs,
+                         build_fixed_seconds=fixed, build_head=build_head)
     return {
         "prediction": prediction.to_dict(),
         "epochs": [t.__dict__ for t in timings],

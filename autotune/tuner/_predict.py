@@ -6,12 +6,19 @@ gives both terms; the whole epoch keeps the head and scales the steady part. Cou
 the head, not one, keeps a slow second batch (a first large allocation, the other worker's first
 fetch) from being multiplied by the whole epoch's length. The cache build is paid once, the first
 epoch is the cold one.
+
+The build is what ``autotune.dataloader(...)`` costs in the user's process: the steps it runs once
+whatever the length (``build_fixed_seconds``: the determinism check that decides whether a cache may
+be used, the cache key of a disk cache, the schema head of a cache filled while training), measured
+in the trial in the factory's order on cold files, plus the trial's build of its subset scaled to the
+whole length.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 HEAD = 2
 
@@ -49,6 +56,18 @@ def scale_epoch(timing: EpochTiming, full_batches: int) -> float:
     return head + timing.per_batch * max(full_batches - k, 0)
 
 
+def scale_build(seconds: float, samples: int, length: int, head: tuple[float, int] | None = None) -> float:
+    """A cache build of ``length`` samples from one of ``samples`` that took ``seconds``. ``head``, a build
+    of a few samples (seconds, count), splits start-up (worker start, the schema's head) from the
+    per-sample cost, so start-up is paid once instead of multiplied with the length."""
+    if samples >= length:
+        return seconds * length / samples
+    if head is not None and 0 < head[1] < samples:
+        per_sample = max(seconds - head[0], 0.0) / (samples - head[1])
+        return head[0] + per_sample * (length - head[1])
+    return seconds * length / samples
+
+
 @dataclass(frozen=True)
 class Prediction:
     build_seconds: float
@@ -57,8 +76,9 @@ class Prediction:
     total_seconds: float
     epochs: int
     extrapolated: bool
+    build_fixed_seconds: float = 0.0  # the part of build_seconds that does not scale with the length
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -71,12 +91,15 @@ def predict(
     length: int,
     batch_size: int,
     epochs: int,
+    build_fixed_seconds: float = 0.0,
+    build_head: tuple[float, int] | None = None,
 ) -> Prediction:
-    """The whole-run prediction: build (scaled by samples) + first epoch + (epochs-1) warm epochs."""
+    """The whole-run prediction: build (its fixed part, plus the subset's build scaled by samples) +
+    first epoch + (epochs-1) warm epochs."""
     full_batches = batches_in(length, batch_size)
     first_s = scale_epoch(first, full_batches)
     warm_s = scale_epoch(warm, full_batches)
-    build = build_seconds * length / measured_samples
+    build = build_fixed_seconds + scale_build(build_seconds, measured_samples, length, build_head)
     total = build + first_s + warm_s * (epochs - 1)
     return Prediction(
         build_seconds=build,
@@ -85,4 +108,5 @@ def predict(
         total_seconds=total,
         epochs=epochs,
         extrapolated=measured_samples < length,
+        build_fixed_seconds=build_fixed_seconds,
     )

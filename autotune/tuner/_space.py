@@ -9,8 +9,9 @@ branch, so they can never disagree with it. Validity is ``LoaderConfig``'s (auto
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from autotune.config import DEFAULT, LoaderConfig, fork_allows_threads
 
@@ -35,6 +36,9 @@ class Space:
     persistent: tuple[bool, ...] = (False, True)
     caches: tuple[str | None, ...] = (None,)
     allocators: tuple[str, ...] = ("glibc",)
+    # When a cache is filled: before the first epoch ("build") or while it trains ("first_epoch", the
+    # memory cache only, autotune/caches/_fill.py); asked only where a memory cache was drawn.
+    cache_fills: tuple[str, ...] = ("build",)
 
     def suggest(self, trial: Any) -> LoaderConfig:
         """Draw a configuration from an Optuna trial; dependent knobs are asked only where they apply."""
@@ -51,6 +55,8 @@ class Space:
             values["pin_memory"] = trial.suggest_categorical("pin_memory", [False, True])
         values["main_threads"] = _choose(trial, "main_threads", self.main_threads, None)
         values["cache"] = _none_from(_choose(trial, "cache", [c or "none" for c in self.caches], "none"))
+        if values["cache"] == "memory":
+            values["cache_fill"] = _choose(trial, "cache_fill", self.cache_fills, "build")
         values["allocator"] = _choose(trial, "allocator", self.allocators, DEFAULT.allocator)
         return LoaderConfig(**values)
 

@@ -305,9 +305,10 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, space: Space, setup: Se
 
 def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
     """Informed first points, measured before the sampler explores: the default every recipe is checked
-    against, the usual advice (a worker per CPU, persistent), and a cache read in the main process; where
-    no cache is offered (a stream), the default with one main-process thread instead, since decoding in
-    the main process competes with torch's own intra-op threads on a small machine."""
+    against, the usual advice (a worker per CPU, persistent), a cache read in the main process and, where
+    the space has it, the memory cache filled by workers while the first epoch trains; where no cache is
+    offered (a stream), the default with one main-process thread instead, since decoding in the main
+    process competes with torch's own intra-op threads on a small machine."""
     priors = [default]
     if space.max_workers:
         priors.append(LoaderConfig(num_workers=space.max_workers, prefetch_factor=2,
@@ -318,6 +319,12 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
         allocator = "glibc-tuned" if "glibc-tuned" in space.allocators else default.allocator
         cache = "memory" if "memory" in caches else caches[0]
         priors.append(replace(default, cache=cache, allocator=allocator))
+        if "first_epoch" in space.cache_fills and space.max_workers and "fork" in space.contexts:
+            # The same cache filled while the first epoch trains, its decode spread over the workers.
+            priors.append(LoaderConfig(num_workers=space.max_workers, prefetch_factor=2,
+                                       persistent_workers=True in space.persistent, multiprocessing_context="fork",
+                                       main_threads=default.main_threads, cache="memory", cache_fill="first_epoch",
+                                       allocator=allocator))
     elif 1 in space.main_threads and default.main_threads != 1:
         priors.append(replace(default, main_threads=1))
     return priors

@@ -1,0 +1,152 @@
+"""The memory cache filled while the first epoch trains: exactly dataset[i] every epoch, in and out of
+workers, a partial first epoch never leaves a cache that claims to be whole, a transform after it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+import autotune
+from autotune.caches._codec import samples_equal
+from autotune.caches._fill import FirstEpochCache, filling_source
+from autotune.config import ConfigError, LoaderConfig
+from autotune.machine import _hardware as hardware
+from autotune.recipe._file import Profile, RecipeFile
+from autotune.recipe._measured import Measured
+from autotune.tuner._space import Space
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Numeric(Dataset):
+    """A column sample, a ragged one the schema overflows on (index 13), and per-index values."""
+
+    def __len__(self) -> int:
+        return 37
+
+    def __getitem__(self, i: int):
+        rng = np.random.default_rng(i)
+        shape = (3, 5) if i == 13 else (3, 4)
+        return torch.from_numpy(rng.random(shape, dtype=np.float32)), {"label": i, "w": i / 3}
+
+
+class WithText(Numeric):
+    def __getitem__(self, i: int):
+        return super().__getitem__(i)[0], f"sample {i}"
+
+
+def _epoch(loader) -> list:
+    return [sample for batch in loader for sample in batch]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("kind", [Numeric, WithText])
+def test_every_epoch_is_exactly_the_dataset(workers, kind):
+    dataset = kind()
+    cache = FirstEpochCache(dataset)
+    data, collate = filling_source(cache, None, list)  # per sample, to compare each one exactly
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(1)).tolist()
+    loader = DataLoader(data, batch_size=5, sampler=order, num_workers=workers, collate_fn=collate,
+                        **({"multiprocessing_context": "fork", "persistent_workers": True} if workers else {}))
+    for _ in range(2):
+        got = _epoch(loader)
+        assert len(got) == len(dataset)
+        assert all(samples_equal(sample, dataset[i]) for i, sample in zip(order, got))
+    if kind is Numeric:
+        assert cache.filled_count == len(dataset) - 1 and not cache.whole, "the overflowing sample is not kept"
+    else:
+        assert cache.filled_count == 0, "string leaves are read from the source every epoch"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_whole_batches_after_the_first_epoch_equal_default_collate(workers):
+    class Even(Numeric):
+        def __getitem__(self, i):
+            return super().__getitem__(0 if i == 13 else i)
+
+    dataset = Even()
+    cache = FirstEpochCache(dataset)
+    data, collate = filling_source(cache, None, None)
+    loader = DataLoader(data, batch_size=4, num_workers=workers, collate_fn=collate,
+                        **({"multiprocessing_context": "fork"} if workers else {}))
+    expected = [default_collate([dataset[i] for i in range(k, min(k + 4, 37))]) for k in range(0, 37, 4)]
+    for _ in range(2):
+        got = list(loader)
+        assert len(got) == len(expected) and all(samples_equal(a, b) for a, b in zip(got, expected))
+    assert cache.whole and cache.filled_count == 37
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_interrupted_first_epoch_leaves_no_whole_cache(workers):
+    dataset = Numeric()
+    cache = FirstEpochCache(dataset)
+    data, collate = filling_source(cache, None, list)
+    loader = DataLoader(data, batch_size=3, num_workers=workers, collate_fn=collate,
+                        **({"multiprocessing_context": "fork", "prefetch_factor": 1} if workers else {}))
+    for k, _ in enumerate(loader):
+        if k == 1:
+            break  # training stopped in its first epoch
+    assert not cache.whole and 8 <= cache.filled_count < 36  # 8: the schema's head, read before the workers
+    got = _epoch(loader)
+    assert all(samples_equal(sample, dataset[i]) for i, sample in enumerate(got))
+    assert cache.filled_count == 36  # all but the overflowing one, filled by the later epoch
+
+
+def test_a_random_transform_runs_after_the_cache_every_epoch():
+    dataset = Numeric()
+    cache = FirstEpochCache(dataset)
+    draws = iter(range(1000))
+
+    def mark(sample):
+        return sample, next(draws)  # a new draw for each sample, every epoch
+
+    data, collate = filling_source(cache, mark, list)
+    loader = DataLoader(data, batch_size=37, collate_fn=collate)
+    first, second = _epoch(loader), _epoch(loader)
+    assert [d for _, d in first] == list(range(37)) and [d for _, d in second] == list(range(37, 74))
+    assert all(samples_equal(s, dataset[i]) for i, (s, _) in enumerate(first + second[:0]))
+    assert all(samples_equal(s, dataset[i]) for i, (s, _) in enumerate(second))
+    assert cache.filled_count == 36, "the cache holds the samples, not the transformed ones"
+
+
+def test_loader_config_rule_4():
+    assert LoaderConfig().cache_fill == "build"
+    config = LoaderConfig(cache="memory", cache_fill="first_epoch")
+    assert LoaderConfig.from_json(config.to_json()) == config
+    assert "cache_fill=first_epoch" in config.describe() and "cache_fill" not in LoaderConfig(cache="memory").describe()
+    with pytest.raises(ConfigError, match="cache_fill='first_epoch' needs a cache"):
+        LoaderConfig(cache_fill="first_epoch")
+    with pytest.raises(ConfigError, match="cache_fill must be one of build, first_epoch"):
+        LoaderConfig(cache="memory", cache_fill="later")
+    assert config.replace(cache=None).cache_fill == "build"  # fitted: dropped with the cache
+    old = LoaderConfig(cache="memory").to_json()
+    del old["cache_fill"]  # a recipe written before the field
+    assert LoaderConfig.from_json(old).cache_fill == "build"
+    assert "cache_fill" not in LoaderConfig(cache="memory").key()
+    assert LoaderConfig(cache="memory").key() != config.key()
+
+
+def test_the_search_space_draws_the_fill_only_with_a_memory_cache():
+    space = Space(max_workers=0, caches=(None, "memory", "pickle"), cache_fills=("build", "first_epoch"))
+    grid = space.grid()
+    assert LoaderConfig(cache="memory", cache_fill="first_epoch") in grid
+    assert [c for c in grid if c.cache_fill == "first_epoch"] == [LoaderConfig(cache="memory", cache_fill="first_epoch")]
+    assert len(grid) == 4
+    assert space.params_for(LoaderConfig(cache="memory", cache_fill="first_epoch"))["cache_fill"] == "first_epoch"
+
+
+def test_the_factory_fills_while_the_first_epoch_trains(tmp_path):
+    profile = Profile(hardware=hardware.collect(), dataset={"source": "<python object>", "length": 37},
+                      settings={"batch_size": 4, "epochs": 2},
+                      config=LoaderConfig(cache="memory", cache_fill="first_epoch"), measured=Measured())
+    path = tmp_path / "autotune.json"
+    RecipeFile.merge_write(path, profile)
+    dataset = Numeric()
+    loader = autotune.load(path).dataloader(dataset, collate_fn=list, progress=False)
+    assert loader.autotune.settings["cache_fill"] == "first_epoch"
+    for _ in range(2):
+        assert all(samples_equal(s, dataset[i]) for i, s in enumerate(_epoch(loader)))
+    plain = autotune.load(path).dataloader(dataset, cache="pickle", cache_dir=tmp_path / "c", progress=False)
+    assert plain.autotune.settings["cache_fill"] == "build"
