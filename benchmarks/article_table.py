@@ -148,6 +148,12 @@ def search_and_grid(args, work: Path) -> dict:
     output.say(f"autotune search, budget {args.budget:.0f} s ...")
     recipe, outcome, timing = recipes.autotune_search(spec, budget=args.budget, workdir=work)
     output.say(f"  -> {recipe.config.describe()} in {timing['wall_s']:.1f} s ({outcome.trials} trials)")
+    search = {**recipes.search_record(recipe, outcome, timing), "pruned": outcome.pruned,
+              "failed": len(outcome.failed), "search_seconds": outcome.search_seconds,
+              "plan_samples": len(outcome.plan.indices), "study": outcome.study}
+    if "oracle" not in args.rows:  # the grid only serves the oracle row (and search_cost.py --reuse)
+        return {"search": search, "grid": None, "profiles": {"autotune": recipe.profile.to_dict()},
+                "allocators": {"autotune": recipe.config.allocator}}
     space = oracle.reduced_space(max_workers=2)
     points = oracle.grid_points(space, args.quick)
     output.say(f"grid: {len(points)} points on the search's plan "
@@ -165,9 +171,7 @@ def search_and_grid(args, work: Path) -> dict:
                      "search": timing, "trial_log": trial_log, "grid": grid, "grid_space": repr(space)}, f)
     oracle_profile = recipes.profile_for(best_config, batch_size=BATCH, epochs=EPOCHS, source=spec.source)
     return {
-        "search": {**recipes.search_record(recipe, outcome, timing), "pruned": outcome.pruned,
-                   "failed": len(outcome.failed), "search_seconds": outcome.search_seconds,
-                   "plan_samples": len(outcome.plan.indices), "study": outcome.study, "trial_log": trial_log},
+        "search": {**search, "trial_log": trial_log},
         "grid": {"space": repr(space), "points": len(points), "complete": not args.quick, "wall_s": grid_wall,
                  "cost_s": sum(e["duration_s"] for e in grid), "best": best, "evaluated": grid},
         "profiles": {"autotune": recipe.profile.to_dict(), "oracle": oracle_profile.to_dict()},
@@ -225,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     notes = [(f"{args.images} JPEGs, batch {BATCH}, {EPOCHS} epochs; median (min–max) of {repeats} interleaved "
              "fresh-process run(s); files evicted before setup and before epoch 1; memory from a separate run."),
              "pin_memory=True is kept in rows B–D as in the article; without CUDA it is a no-op."]
-    if tuned:
+    if tuned and tuned["grid"]:
         notes.append(f"autotune: {tuned['search']['describe']}; oracle: {tuned['grid']['best']['describe']} "
                      f"(grid value {tuned['grid']['best']['value']:.2f} s predicted).")
     if args.quick:
