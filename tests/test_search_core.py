@@ -81,7 +81,8 @@ def test_search_picks_the_fastest_and_checks_it_against_the_default(tmp_path):
     assert len(set(runner.calls[:outcome.trials])) == outcome.trials
     assert outcome.config.cache == "memory" and outcome.config.num_workers > 0
     assert not outcome.is_default
-    assert outcome.default_figures["prediction"]["total_seconds"] >= 10.0
+    # the fake gives the default 10 s plus 0.01 s per run of it: a loop trial and the re-measurements
+    assert round(outcome.default_figures["prediction"]["total_seconds"], 2) in {10.01, 10.02, 10.03, 10.04}
     assert DEFAULT in runner.calls  # the default is always measured, in the loop and in the A/B check
     priors = _priors(SPACE, DEFAULT)
     assert runner.calls[:len(priors)] == priors  # the informed priors come first, in order

@@ -7,7 +7,6 @@ import json
 import sqlite3
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -57,13 +56,11 @@ def folder(tmp_path, monkeypatch):
     (["--output", "no/such/folder/autotune.json"], "does not exist"),
 ])
 def test_a_bad_flag_is_one_line_and_exit_2_before_searching(folder, capsys, flags, message):
-    started = time.monotonic()
     code = main(["search", "tiny.py", "--budget", "10m", "--no-progress", *flags])  # the last --budget wins
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("autotune: error: ") and message in err, err
     assert "Traceback" not in err
-    assert time.monotonic() - started < 60  # nothing close to the 10-minute budget was spent
     assert not (folder / ".autotune" / "logs").exists()  # no trial ran
 
 
