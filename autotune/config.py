@@ -33,6 +33,7 @@ The validity rules (docs/architecture.md, "Loader configuration rules"):
 from __future__ import annotations
 
 import dataclasses
+import json
 import multiprocessing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -162,12 +163,13 @@ class LoaderConfig:
             raise RecipeError(f"a profile's 'config' is invalid: {exc}") from None
 
     def key(self) -> str:
-        """A stable text identity (the same configuration always gives the same key; a field added later
-        is left out at its default, so keys written before it stay the same)."""
+        """A stable text identity, canonical JSON (``from_json(json.loads(key))`` gives the configuration
+        back): the same configuration always gives the same key, and a field added later is left out at
+        its default, so keys written before it stay the same."""
         items = self.to_json()
         if items["cache_fill"] == "build":
             del items["cache_fill"]
-        return ",".join(f"{k}={v!r}" for k, v in sorted(items.items()))
+        return json.dumps(items, sort_keys=True)
 
     def process_settings(self) -> Any:
         """The process-level part: allocator and thread counts (``autotune.recipe._process``)."""

@@ -80,7 +80,7 @@ def random_search(state: dict, budget: float, seed: int, work: Path) -> tuple[li
             break
         trial = study.ask()
         config = space.suggest(trial)
-        key = json.dumps(config.to_json(), sort_keys=True)
+        key = config.key()
         entry: dict[str, Any] = {"number": trial.number, "config": config.to_json(), "start": time.time(),
                                  "repeat": key in seen}
         if key in seen:

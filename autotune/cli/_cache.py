@@ -9,18 +9,13 @@ import argparse
 from pathlib import Path
 
 from autotune.caches import BACKENDS, clear_caches, default_root, list_caches
+from autotune.machine._memory import format_bytes
 
 _TRIALS = Path("cache") / "trials"  # under a search's --workdir
 
 
 def _size(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"  # pragma: no cover
+    return "-" if n is None else format_bytes(n)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -149,15 +149,6 @@ def leftover_trials(root: str | os.PathLike[str]) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and is_leftover(p))
 
 
-def folder_bytes(path: Path) -> int:
-    total = 0
-    for folder, _, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(folder, name)).st_size
-    return total
-
-
 def remove_leftovers(root: str | os.PathLike[str]) -> list[Path]:
     """Remove the leftover trial folders under ``root``; the ones removed."""
     removed = leftover_trials(root)

@@ -115,14 +115,6 @@ def _storage_url(opts: SearchOptions) -> str:
     return _storage.storage_url(opts.storage, opts.workdir)
 
 
-def _key(config: LoaderConfig) -> str:
-    return json.dumps(config.to_json(), sort_keys=True)
-
-
-def _key_digest(config: LoaderConfig) -> str:
-    return hashlib.sha256(_key(config).encode()).hexdigest()[:8]
-
-
 class _Progress:
     """A progress bar over the time budget (stderr), quiet when progress is off."""
 
@@ -203,10 +195,10 @@ def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: An
         return _from_study(study, space, plan, probe, hw, limits, opts, started)
     seen = {t.user_attrs.get("config_key")
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
-    if _key(default) not in seen:
+    if default.key() not in seen:
         study.enqueue_trial(space.params_for(default), skip_if_exists=True)
     for prior in _priors(space, default):
-        if _key(prior) not in seen:
+        if prior.key() not in seen:
             study.enqueue_trial(space.params_for(prior), skip_if_exists=True)
 
     progress = _Progress(opts.progress, opts.budget)
@@ -244,7 +236,7 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, space: Space, setup: Se
     failed it meanwhile (it looked dead), which only ends this trial, not the search."""
     plan = setup.plan
     config = space.suggest(trial)
-    key = _key(config)
+    key = config.key()
     _storage.set_attr(trial, "config", config.to_json())
     _storage.set_attr(trial, "config_key", key)
     _storage.set_attr(trial, "search", _search_id())  # which search ran it, in a shared study
@@ -384,7 +376,7 @@ def _finish(study: optuna.Study, space: Space, runner: Any, plan: Plan, probe: P
     cost = {t.user_attrs.get("config_key"): t.duration.total_seconds()
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if t.duration}
     typical = statistics.median(cost.values()) if cost else plan.batch_timeout / 10
-    round_cost = sum(cost.get(_key(c), typical) for c in configs)
+    round_cost = sum(cost.get(c.key(), typical) for c in configs)
     remaining = opts.budget - (time.monotonic() - started)
     rounds = max(1, min(ROUNDS, int(remaining / max(round_cost, 1e-3))))
     for r in range(rounds):
@@ -415,7 +407,7 @@ def _pool_runs(study: optuna.Study, figures: dict[LoaderConfig, list[dict[str, A
     """Store this search's finalist runs in the study and return every search's, pooled by configuration
     (minus the ones that failed here): searches sharing a study decide on the same evidence, and a recipe
     can be written later from the study alone (``resume_only``)."""
-    own = {_key(c): [_slim(r) for r in v] for c, v in figures.items() if v and c not in failed}
+    own = {c.key(): [_slim(r) for r in v] for c, v in figures.items() if v and c not in failed}
     if own:
         with contextlib.suppress(Exception):  # sharing is a bonus; this search's own runs still decide
             study.set_user_attr(f"{_RUNS_PREFIX}{_search_id()}:{time.time():.0f}", own)
@@ -465,7 +457,7 @@ def _outcome(study: optuna.Study, runs: dict[LoaderConfig, list[dict[str, Any]]]
         # its figure from the loop still anchors the A/B check.
         done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         loop = [_slim(t.user_attrs) for t in done
-                if t.user_attrs.get("config_key") == _key(default) and "prediction" in t.user_attrs]
+                if t.user_attrs.get("config_key") == default.key() and "prediction" in t.user_attrs]
         if loop:
             medians[default] = _median_result(loop)
             notes.append(f"the plain default failed its re-measurement ({failed_finalists.get(default, '')}); "
@@ -476,7 +468,7 @@ def _outcome(study: optuna.Study, runs: dict[LoaderConfig, list[dict[str, Any]]]
             f"Even the plain default (num_workers=0, no cache) could not be measured: {reason}. "
             "Fix that first (a larger --max-memory, a dataset that loads in the main process)."
         )
-    winner = min(medians, key=lambda c: (medians[c]["prediction"]["total_seconds"], c != default, _key(c)))
+    winner = min(medians, key=lambda c: (medians[c]["prediction"]["total_seconds"], c != default, c.key()))
     is_default = winner == default
     note = f"fastest candidate in {how}" if not is_default else ""
     if is_default and len(medians) > 1:
