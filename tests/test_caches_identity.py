@@ -330,6 +330,19 @@ def test_the_default_root_is_per_user_and_private(tmp_path, monkeypatch):
     assert (root.stat().st_mode & 0o777) == 0o700 and (root / "CACHEDIR.TAG").is_file()
 
 
+
+def test_a_new_root_another_process_is_tagging_is_not_taken_for_foreign_files(tmp_path):
+    # The window four processes opening one new root hit: one has written its tag's temporary file and
+    # not yet renamed it; the others must not call the folder somebody's data.
+    root = tmp_path / "root"
+    root.mkdir(mode=0o700)
+    (root / ".CACHEDIR.TAG.tmp-4242-0a1b2c3d").write_text("Signature: 8a47")
+    assert caches.ensure_root(root) == root and (root / "CACHEDIR.TAG").is_file()
+    (root / "notes.txt").write_text("mine")
+    os.remove(root / "CACHEDIR.TAG")
+    with pytest.raises(autotune.AutotuneError, match="did not put there"):
+        caches.ensure_root(root)
+
 # ------------------------------------------------------------------ (4) a recipe aiming at a user's folder
 @pytest.mark.parametrize("backend", DISK)
 def test_a_recipe_aiming_at_a_users_folder_leaves_it_byte_identical(tmp_path, backend):
@@ -427,7 +440,11 @@ def test_a_random_dataset_gets_no_cache_and_one_warning(tmp_path, backend, worke
 def _open_at_once(backend, root, seed, barrier, results):
     dataset = Slow(seed)
     barrier.wait()
-    cache = open_or_build(backend, dataset, root=root, manifest=caches.dataset_key(dataset), progress=False)
+    try:
+        cache = open_or_build(backend, dataset, root=root, manifest=caches.dataset_key(dataset), progress=False)
+    except Exception as exc:  # reported at once rather than as a queue timeout
+        results.put(("error", repr(exc), "", ""))
+        return
     digest = hashlib.sha256(b"".join(np.asarray(cache[k]).tobytes() for k in range(len(cache)))).hexdigest()
     results.put((cache.origin, cache.manifest["builder"]["id"], digest, str(cache.path)))
 
@@ -445,6 +462,7 @@ def test_four_processes_opening_one_new_cache_build_it_once(tmp_path, backend):
         for p in procs:
             p.join(60)
             assert p.exitcode == 0
+        assert [g for g in got if g[0] == "error"] == []
         origins = sorted(g[0] for g in got)
         assert origins.count("built") == 1, origins
         assert len({g[1] for g in got}) == 1, "every process reads the one build"

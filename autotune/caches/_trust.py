@@ -11,6 +11,7 @@ that exists, holds something, and carries no such tag is somebody's data: autotu
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -93,15 +94,23 @@ def ensure_root(root: Path | str | None = None) -> Path:
                             "folder, or set AUTOTUNE_CACHE_DIR.")
     check_trusted(root, "Cache folder", follow=True)
     if not is_tagged(root):
-        if any(root.iterdir()):
+        # Other processes may be creating this root at the same moment: one may be between writing its
+        # tag's temporary file and renaming it (that file is ours), another may have tagged the root and
+        # put its lock beside the tag since we looked. Autotune writes the tag before anything else, so
+        # entries found with the tag in place afterwards are autotune's.
+        others = [entry for entry in root.iterdir() if not entry.name.startswith(_TAG_TMP)]
+        if others and not is_tagged(root):
             raise AutotuneError(f"The cache folder {root} holds files autotune did not put there, so autotune "
                                 "will not write in it; pass cache_dir= a new or empty folder, or omit it.")
         _write_tag(root)
     return root
 
 
+_TAG_TMP = f".{TAG_NAME}.tmp-"
+
+
 def _write_tag(root: Path) -> None:
-    tmp = root / f".{TAG_NAME}.tmp-{os.getpid()}"
+    tmp = root / f"{_TAG_TMP}{os.getpid()}-{secrets.token_hex(4)}"
     tmp.write_text(TAG)
     os.replace(tmp, root / TAG_NAME)
 
