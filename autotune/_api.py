@@ -22,6 +22,7 @@ from autotune.recipe._measured import Finalist, Measured, RunFigures, Subset
 
 if TYPE_CHECKING:
     from autotune.integrations._trainer import TrainerArguments
+    from autotune.tuner._predict import Prediction
     from autotune.tuner._study import Outcome, SearchOptions
 
 DEFAULT_RECIPE = "autotune.json"
@@ -81,14 +82,13 @@ class Recipe:
         return f"Recipe({self.config.describe()}; tuned on {where}{extra})"
 
 
-def _figures(prediction: dict[str, Any]) -> RunFigures:
-    return RunFigures(**{k: prediction[k] for k in ("build_seconds", "first_epoch_seconds", "epoch_seconds",
-                                                     "total_seconds")})
+def _figures(prediction: Prediction) -> RunFigures:
+    return RunFigures(build_seconds=prediction.build_seconds, first_epoch_seconds=prediction.first_epoch_seconds,
+                      epoch_seconds=prediction.epoch_seconds, total_seconds=prediction.total_seconds)
 
 
 def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
     config, figures, default = outcome.config, outcome.figures, outcome.default_figures
-    pred, dpred = figures["prediction"], default["prediction"]
     return Profile(
         hardware=outcome.hardware,
         dataset={"source": spec.source, "length": outcome.probe.length, "fingerprint": outcome.probe.fingerprint,
@@ -96,12 +96,12 @@ def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
         settings={"batch_size": spec.batch_size, "epochs": spec.epochs},
         config=config,
         measured=Measured(
-            chosen=_figures(pred),
-            default=_figures(dpred),
-            peak_memory_bytes=figures["peak_memory_bytes"],
-            default_peak_memory_bytes=default["peak_memory_bytes"],
-            runs_seconds=tuple(figures.get("runs", ())),
-            default_runs_seconds=tuple(default.get("runs", ())),
+            chosen=_figures(figures.prediction),
+            default=_figures(default.prediction),
+            peak_memory_bytes=figures.peak_memory_bytes,
+            default_peak_memory_bytes=default.peak_memory_bytes,
+            runs_seconds=figures.runs,
+            default_runs_seconds=default.runs,
             trials=outcome.trials,
             failed_trials=len(outcome.failed),
             failures=tuple(sorted(set(outcome.failed))[:10]),

@@ -23,3 +23,7 @@ class HardwareMismatch(RecipeError):
     """No profile in the recipe file was tuned on this machine."""
 
     exit_code = 3
+
+
+class MeasurementError(AutotuneError):
+    """A stored trial result (an Optuna study's attributes) is not one this version can read."""

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import DEFAULT
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, MeasurementError
 from autotune.recipe._measured import Measured
+from autotune.tuner._measurement import Measurement
 
 __all__ = ["SECTIONS", "ReportResult", "TrialRow", "build_report", "load_trials"]
 
@@ -50,8 +51,7 @@ class TrialRow:
     state: str  # COMPLETE, PRUNED, FAIL, RUNNING, WAITING
     value: float | None  # predicted whole-run seconds (COMPLETE), or the last reported one (PRUNED)
     config: dict[str, Any]
-    prediction: dict[str, Any] | None
-    peak_memory_bytes: int | None
+    measurement: Measurement | None  # what it measured (None: failed, pruned, a repeat)
     reason: str = ""
     repeat: bool = False
 
@@ -88,10 +88,14 @@ def load_trials(study: dict[str, Any] | None) -> tuple[list[TrialRow] | None, st
         value = t.value
         if value is None and t.intermediate_values:
             value = t.intermediate_values[max(t.intermediate_values)]
+        try:
+            measurement = Measurement.from_trial_attrs(t.user_attrs)
+        except MeasurementError as exc:
+            return None, f"trial {t.number} of the study {name!r} could not be read: {exc}"
         rows.append(TrialRow(
             number=t.number, state=t.state.name, value=value, config=dict(t.user_attrs.get("config") or {}),
-            prediction=t.user_attrs.get("prediction"), peak_memory_bytes=t.user_attrs.get("peak_memory_bytes"),
-            reason=str(t.user_attrs.get("reason") or ""), repeat=bool(t.user_attrs.get("repeat")),
+            measurement=measurement, reason=str(t.user_attrs.get("reason") or ""),
+            repeat=bool(t.user_attrs.get("repeat")),
         ))
     return rows, ""
 
@@ -120,6 +124,11 @@ def _png(fig: Any) -> bytes:
 def _measured(rows: list[TrialRow]) -> list[TrialRow]:
     """Completed trials that really ran (not repeats of a point already measured)."""
     return [r for r in rows if r.state == "COMPLETE" and not r.repeat and r.value is not None]
+
+
+def _with_figures(rows: list[TrialRow]) -> list[tuple[TrialRow, Measurement]]:
+    """The measured trials that stored their figures, each with its measurement."""
+    return [(r, r.measurement) for r in _measured(rows) if r.measurement is not None]
 
 
 def _plot_history(rows: list[TrialRow], measured: Measured) -> bytes:
@@ -176,19 +185,19 @@ def _strip(ax: Any, groups: dict[Any, list[float]], labels: list[str], color: st
 
 def _plot_by_workers(rows: list[TrialRow]) -> bytes:
     plt = _pyplot()
-    runs = [r for r in _measured(rows) if r.prediction]
+    runs = _with_figures(rows)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True,
                                       gridspec_kw={"width_ratios": [3, 2]})
     by_workers: dict[int, list[float]] = {}
-    for r in sorted(runs, key=lambda r: r.config.get("num_workers", 0)):
-        by_workers.setdefault(int(r.config.get("num_workers", 0)), []).append((r.prediction or {})["epoch_seconds"])
+    for r, m in sorted(runs, key=lambda run: run[0].config.get("num_workers", 0)):
+        by_workers.setdefault(int(r.config.get("num_workers", 0)), []).append(m.prediction.epoch_seconds)
     _strip(left, by_workers, [str(k) for k in by_workers])
     left.set_xlabel("num_workers")
     left.set_ylabel("time per warm epoch (s, whole dataset)")
     left.set_title("by num_workers (bar: median)")
     by_cache: dict[str, list[float]] = {}
-    for r in runs:
-        by_cache.setdefault(r.config.get("cache") or "none", []).append((r.prediction or {})["epoch_seconds"])
+    for r, m in runs:
+        by_cache.setdefault(r.config.get("cache") or "none", []).append(m.prediction.epoch_seconds)
     by_cache = dict(sorted(by_cache.items()))
     _strip(right, by_cache, list(by_cache), color="#2ca02c")
     right.set_xlabel("cache backend")
@@ -199,11 +208,11 @@ def _plot_by_workers(rows: list[TrialRow]) -> bytes:
 
 def _plot_memory(rows: list[TrialRow]) -> bytes:
     plt = _pyplot()
-    runs = [r for r in _measured(rows) if r.peak_memory_bytes]
+    runs = [(r, m) for r, m in _with_figures(rows) if m.peak_memory_bytes]
     fig, ax = plt.subplots(figsize=(7, 4))
     groups: dict[int, list[float]] = {}
-    for r in sorted(runs, key=lambda r: r.config.get("num_workers", 0)):
-        groups.setdefault(int(r.config.get("num_workers", 0)), []).append((r.peak_memory_bytes or 0) / (1 << 20))
+    for r, m in sorted(runs, key=lambda run: run[0].config.get("num_workers", 0)):
+        groups.setdefault(int(r.config.get("num_workers", 0)), []).append(m.peak_memory_bytes / (1 << 20))
     _strip(ax, groups, [str(k) for k in groups], color="#9467bd")
     ax.set_xlabel("num_workers")
     ax.set_ylabel("peak memory, main + workers (MiB, PSS)")
@@ -271,15 +280,15 @@ def _cold_warm_rows(profile: Any, rows: list[TrialRow] | None) -> list[tuple[str
         out.append(("num_workers=0, cache=none", m.default.first_epoch_seconds or 0.0,
                     m.default.epoch_seconds or 0.0, "default"))
     if rows:
-        runs = [r for r in _measured(rows) if r.prediction]
+        runs = _with_figures(rows)
         for f in m.finalists:
             config = f.config
             if config == chosen or config == DEFAULT:
                 continue
-            same = [r for r in runs if LoaderConfig.from_json(r.config) == config]
+            same = [(r, measured) for r, measured in runs if LoaderConfig.from_json(r.config) == config]
             if same:
-                p = min(same, key=lambda r: r.value or 0.0).prediction or {}
-                out.append((_label(config.to_json()), p["first_epoch_seconds"], p["epoch_seconds"],
+                p = min(same, key=lambda run: run[0].value or 0.0)[1].prediction
+                out.append((_label(config.to_json()), p.first_epoch_seconds, p.epoch_seconds,
                             "finalist, search trial"))
     return out
 

@@ -28,7 +28,7 @@ import sys
 import sysconfig
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from autotune.errors import AutotuneError
@@ -299,7 +299,7 @@ def resident_fraction(path: str | os.PathLike[str]) -> float | None:
 # ------------------------------------------------------------------------------------------ eviction
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvictionReport:
     """What an eviction did: how many files and bytes, resident share (byte-weighted) before and after."""
 
@@ -309,7 +309,7 @@ class EvictionReport:
     resident_after: float | None
     effective: bool
     note: str
-    failed: list[str] = field(default_factory=list)  # "path: reason", at most a few
+    failed: tuple[str, ...] = ()  # "path: reason", at most a few
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -380,7 +380,7 @@ def evict(paths: Iterable[str | os.PathLike[str]]) -> EvictionReport:
         effective = False
         notes.append("no files to evict: the dataset's files were not found (pass --data-dir)")
     return EvictionReport(files=done, bytes=total, resident_before=resident_before, resident_after=resident_after,
-                          effective=effective, note="; ".join(notes), failed=failed[:5])
+                          effective=effective, note="; ".join(notes), failed=tuple(failed[:5]))
 
 
 def _fraction_fd(fd: int, size: int) -> float | None:

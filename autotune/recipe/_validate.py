@@ -435,7 +435,7 @@ def validate_fresh(recipe: Any, recipe_path: str | os.PathLike[str], target: str
     if got["profile_fingerprint"] != profile.fingerprint:
         notes.append("the fresh process loaded another profile of the recipe file than this one")
     e = got["report"]
-    report = _evict.EvictionReport(**e)
+    report = _evict.EvictionReport(**{**e, "failed": tuple(e["failed"])})
     if not report.effective:
         notes.append(f"the first epoch may not be cold: {report.note}")
     if got["fits"] is False:

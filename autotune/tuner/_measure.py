@@ -19,8 +19,10 @@ import torch
 
 from autotune._loader import DeviceConsumer, Transformed, make_loader, with_transform
 from autotune.config import LoaderConfig
+from autotune.machine._evict import EvictionReport
 from autotune.machine._memory import tree_pss
 from autotune.recipe._process import apply_at_runtime
+from autotune.tuner._measurement import Measurement
 from autotune.tuner._predict import HEAD, EpochTiming, predict
 
 
@@ -159,12 +161,12 @@ class TrialStopped(Exception):
     """The search asked this trial to stop (pruned): unwind normally so the workers shut down cleanly."""
 
 
-def _evict(plan: Plan) -> dict[str, Any] | None:
+def _evict(plan: Plan) -> EvictionReport | None:
     if not plan.files:
         return None
     from autotune.machine._evict import evict
 
-    return evict(plan.files).to_dict()
+    return evict(plan.files)
 
 
 def timed_epoch(loader: Any, consume: Callable[..., Any], *, sample_memory: bool = False,
@@ -208,7 +210,7 @@ def timed_epoch(loader: Any, consume: Callable[..., Any], *, sample_memory: bool
 
 
 def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report | None = None,
-            should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+            should_stop: Callable[[], bool] | None = None) -> Measurement:
     """Run ``plan.epochs_measured`` epochs of ``config`` over the plan's indices; return the figures.
 
     Process settings (allocator, thread counts) are applied to this process: call it in a fresh one.
@@ -271,13 +273,6 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     prediction = predict(first=first, warm=warm, build_seconds=build_seconds, measured_samples=n,
                          length=length, batch_size=workload.batch_size, epochs=workload.epochs,
                          build_fixed_seconds=fixed, build_head=build_head)
-    return {
-        "prediction": prediction.to_dict(),
-        "epochs": [t.__dict__ for t in timings],
-        "build_seconds_subset": build_seconds,
-        "measured_samples": n,
-        "peak_memory_bytes": peak,
-        "eviction": evictions[0],
-        "process_applied": applied.applied,
-        "process_not_applied": applied.not_applied,
-    }
+    return Measurement(prediction=prediction, epochs=tuple(timings), measured_samples=n, peak_memory_bytes=peak,
+                       build_seconds_subset=build_seconds, eviction=evictions[0],
+                       process_applied=tuple(applied.applied), process_not_applied=tuple(applied.not_applied))

@@ -28,6 +28,7 @@ from autotune.machine._memory import format_bytes, tree_pss, tree_rss
 from autotune.recipe._process import PRELOAD_ALLOCATORS, launch_env
 from autotune.tuner._lifecycle import trial_folder, watch_parent
 from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
+from autotune.tuner._measurement import Measurement
 
 _INHERITED: Workload | None = None  # the fork fallback hands the workload over by inheritance
 
@@ -218,7 +219,7 @@ class _Rank:
     receiver: Any
     trial_dir: str | None
     ready: bool = False
-    result: dict[str, Any] | None = None
+    result: Measurement | None = None
 
 
 def shard(plan: Plan, rank: int, ranks: int) -> Plan:
@@ -230,18 +231,6 @@ def shard(plan: Plan, rank: int, ranks: int) -> Plan:
     per_rank = -(-len(plan.indices) // ranks)
     padded = (list(plan.indices) * ranks)[: per_rank * ranks]  # wraps, like DistributedSampler's padding
     return dataclasses.replace(plan, indices=padded[rank::ranks], length=-(-plan.length // ranks))
-
-
-def combine(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """One figure for ranks that ran together: the slowest rank's run (the job waits for it), with the memory
-    of all ranks summed and every rank's total kept."""
-    if len(results) == 1:
-        return results[0]
-    slowest = dict(max(results, key=lambda r: r["prediction"]["total_seconds"]))
-    slowest["peak_memory_bytes"] = sum(r["peak_memory_bytes"] for r in results)
-    slowest["measured_samples"] = sum(r["measured_samples"] for r in results)
-    slowest["ranks"] = [r["prediction"]["total_seconds"] for r in results]
-    return slowest
 
 
 class Runner:
@@ -273,7 +262,7 @@ class Runner:
 
     def run(self, config: LoaderConfig, plan: Plan, *, timeout: float,
             should_prune: Callable[[int, float], bool] | None = None, give_up_after: float | None = None,
-            log_path: str | None = None) -> dict[str, Any]:
+            log_path: str | None = None) -> Measurement:
         """Measure ``config`` in fresh processes; raise TrialFailed or TrialPruned when it does not finish.
 
         With ``ranks`` > 1 that many trial processes run at once on the same cores, each reading its own shard
@@ -315,7 +304,7 @@ class Runner:
                     shutil.rmtree(rank.trial_dir, ignore_errors=True)
 
     def _watch(self, ranks: list[_Rank], timeout: float, should_prune: Callable[[int, float], bool] | None,
-               give_up_after: float | None) -> dict[str, Any]:
+               give_up_after: float | None) -> Measurement:
         from multiprocessing.connection import wait
 
         started = time.monotonic()
@@ -354,7 +343,7 @@ class Runner:
             if all(r.result is not None for r in ranks):
                 for r in ranks:
                     r.proc.join(10)  # let it shut its workers down cleanly
-                return combine([r.result for r in ranks if r.result is not None])
+                return Measurement.slowest_rank([r.result for r in ranks if r.result is not None])
             now = time.monotonic()
             if give_up_after is not None and now - started > give_up_after:
                 for r in ranks:

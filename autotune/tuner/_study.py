@@ -21,13 +21,14 @@ import optuna
 from autotune.config import LoaderConfig
 from autotune.dataset._probe import Probe
 from autotune.dataset._userfile import UserSpec
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, MeasurementError
 from autotune.machine._memory import format_bytes
 from autotune.machine._shm import shm_rule
 from autotune.tuner import _storage
 from autotune.tuner._candidates import Limits
 from autotune.tuner._lifecycle import remove_leftovers, stop_on_signals
 from autotune.tuner._measure import Plan
+from autotune.tuner._measurement import Measurement
 from autotune.tuner._preparation import Setup, prepare, with_subset
 from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, warm_forkserver
 from autotune.tuner._space import Space
@@ -62,8 +63,8 @@ class Outcome:
     """What a search found: the winner, its figures, the default's, and how the search went."""
 
     config: LoaderConfig
-    figures: dict[str, Any]
-    default_figures: dict[str, Any]
+    figures: Measurement  # the winner's median run
+    default_figures: Measurement  # the plain default's, which it was checked against
     is_default: bool
     note: str
     trials: int
@@ -291,7 +292,7 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, space: Space, setup: Se
         raise
     else:
         _record(trial, result)
-        _storage.tell(study, trial, result["prediction"]["total_seconds"])
+        _storage.tell(study, trial, result.total_seconds)
     durations.append(time.monotonic() - t0)
 
 
@@ -322,9 +323,19 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
     return priors
 
 
-def _record(trial: optuna.Trial, result: dict[str, Any]) -> None:
-    for key in ("prediction", "epochs", "peak_memory_bytes", "measured_samples"):
-        _storage.set_attr(trial, key, result[key])
+def _record(trial: optuna.Trial, result: Measurement) -> None:
+    for key, value in result.to_json().items():
+        _storage.set_attr(trial, key, value)
+
+
+def _trial_result(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Measurement | None:
+    """What a completed trial measured (None: a repeat, or a trial that stored none)."""
+    if trial.user_attrs.get("repeat"):
+        return None
+    try:
+        return Measurement.from_trial_attrs(trial.user_attrs)
+    except MeasurementError as exc:
+        raise MeasurementError(f"trial {trial.number} of the study {study.study_name}: {exc}") from None
 
 
 def _search_id() -> str:
@@ -371,7 +382,7 @@ def _finish(study: optuna.Study, space: Space, runner: Any, plan: Plan, probe: P
     configs = [LoaderConfig.from_json(t.user_attrs["config"]) for t in finalists]
     if default not in configs:
         configs.append(default)
-    figures: dict[LoaderConfig, list[dict[str, Any]]] = {c: [] for c in configs}
+    figures: dict[LoaderConfig, list[Measurement]] = {c: [] for c in configs}
     failed_finalists: dict[LoaderConfig, str] = {}
     cost = {t.user_attrs.get("config_key"): t.duration.total_seconds()
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if t.duration}
@@ -397,17 +408,12 @@ def _finish(study: optuna.Study, space: Space, runner: Any, plan: Plan, probe: P
 _RUNS_PREFIX = "finalist-runs:"  # a study attribute per search: its finalists' re-measurements
 
 
-def _slim(result: dict[str, Any]) -> dict[str, Any]:
-    keep = ("prediction", "epochs", "peak_memory_bytes", "measured_samples", "eviction", "build_seconds_subset")
-    return {k: result[k] for k in keep if k in result}
-
-
-def _pool_runs(study: optuna.Study, figures: dict[LoaderConfig, list[dict[str, Any]]],
-               failed: dict[LoaderConfig, str]) -> dict[LoaderConfig, list[dict[str, Any]]]:
+def _pool_runs(study: optuna.Study, figures: dict[LoaderConfig, list[Measurement]],
+               failed: dict[LoaderConfig, str]) -> dict[LoaderConfig, list[Measurement]]:
     """Store this search's finalist runs in the study and return every search's, pooled by configuration
     (minus the ones that failed here): searches sharing a study decide on the same evidence, and a recipe
     can be written later from the study alone (``resume_only``)."""
-    own = {c.key(): [_slim(r) for r in v] for c, v in figures.items() if v and c not in failed}
+    own = {c.key(): [r.to_json() for r in v] for c, v in figures.items() if v and c not in failed}
     if own:
         with contextlib.suppress(Exception):  # sharing is a bonus; this search's own runs still decide
             study.set_user_attr(f"{_RUNS_PREFIX}{_search_id()}:{time.time():.0f}", own)
@@ -415,14 +421,17 @@ def _pool_runs(study: optuna.Study, figures: dict[LoaderConfig, list[dict[str, A
 
 
 def _pooled_runs(study: optuna.Study, extra: dict[str, list[dict[str, Any]]] | None = None
-                 ) -> dict[LoaderConfig, list[dict[str, Any]]]:
-    pooled: dict[str, list[dict[str, Any]]] = {}
-    sources = [v for k, v in study.user_attrs.items() if k.startswith(_RUNS_PREFIX)]
-    if extra and not any(v == extra for v in sources):
-        sources.append(extra)
-    for source in sources:
+                 ) -> dict[LoaderConfig, list[Measurement]]:
+    pooled: dict[str, list[Measurement]] = {}
+    sources = [(k, v) for k, v in study.user_attrs.items() if k.startswith(_RUNS_PREFIX)]
+    if extra and not any(v == extra for _, v in sources):
+        sources.append(("this search's runs", extra))
+    for name, source in sources:
         for key, results in source.items():
-            pooled.setdefault(key, []).extend(results)
+            try:
+                pooled.setdefault(key, []).extend(Measurement.from_json(r) for r in results)
+            except MeasurementError as exc:
+                raise MeasurementError(f"{name!r} of the study {study.study_name}: {exc}") from None
     return {LoaderConfig.from_json(json.loads(k)): v for k, v in pooled.items()}
 
 
@@ -432,10 +441,11 @@ def _from_study(study: optuna.Study, space: Space, plan: Plan, probe: Probe, hw:
     the trials' own figures for configurations no search re-measured (``--resume-only``)."""
     default = space.default()
     runs = _pooled_runs(study)
-    from_trials: dict[LoaderConfig, list[dict[str, Any]]] = {}
+    from_trials: dict[LoaderConfig, list[Measurement]] = {}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        if not t.user_attrs.get("repeat") and "prediction" in t.user_attrs:
-            from_trials.setdefault(LoaderConfig.from_json(t.user_attrs["config"]), []).append(_slim(t.user_attrs))
+        result = _trial_result(study, t)
+        if result is not None:
+            from_trials.setdefault(LoaderConfig.from_json(t.user_attrs["config"]), []).append(result)
     for config, results in from_trials.items():
         runs.setdefault(config, results)
     if not runs:
@@ -446,20 +456,20 @@ def _from_study(study: optuna.Study, space: Space, plan: Plan, probe: Probe, hw:
     return _outcome(study, runs, {}, default, plan, probe, hw, limits, opts, started, "the shared study's figures")
 
 
-def _outcome(study: optuna.Study, runs: dict[LoaderConfig, list[dict[str, Any]]],
+def _outcome(study: optuna.Study, runs: dict[LoaderConfig, list[Measurement]],
              failed_finalists: dict[LoaderConfig, str], default: LoaderConfig, plan: Plan, probe: Probe,
              hw: dict[str, Any], limits: Limits, opts: SearchOptions, started: float, how: str) -> Outcome:
     """The winner among the measured configurations (lowest median whole run, the default on a tie)."""
-    medians = {c: _median_result(v) for c, v in runs.items() if v}
+    medians = {c: Measurement.median(v) for c, v in runs.items() if v}
     notes = list(limits.notes)
     if default not in medians:
         # The default failed its re-measurement (a timeout on a loaded machine) but the loop measured it:
         # its figure from the loop still anchors the A/B check.
         done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        loop = [_slim(t.user_attrs) for t in done
-                if t.user_attrs.get("config_key") == default.key() and "prediction" in t.user_attrs]
+        loop = [r for r in (_trial_result(study, t) for t in done if t.user_attrs.get("config_key") == default.key())
+                if r is not None]
         if loop:
-            medians[default] = _median_result(loop)
+            medians[default] = Measurement.median(loop)
             notes.append(f"the plain default failed its re-measurement ({failed_finalists.get(default, '')}); "
                          "its figure comes from the search's own trial")
     if default not in medians:
@@ -468,7 +478,7 @@ def _outcome(study: optuna.Study, runs: dict[LoaderConfig, list[dict[str, Any]]]
             f"Even the plain default (num_workers=0, no cache) could not be measured: {reason}. "
             "Fix that first (a larger --max-memory, a dataset that loads in the main process)."
         )
-    winner = min(medians, key=lambda c: (medians[c]["prediction"]["total_seconds"], c != default, c.key()))
+    winner = min(medians, key=lambda c: (medians[c].total_seconds, c != default, c.key()))
     is_default = winner == default
     note = f"fastest candidate in {how}" if not is_default else ""
     if is_default and len(medians) > 1:
@@ -493,19 +503,10 @@ def _outcome(study: optuna.Study, runs: dict[LoaderConfig, list[dict[str, Any]]]
         hardware=hw,
         notes=notes,
         finalists=[
-            {"config": c.to_json(), "total_seconds": [f["prediction"]["total_seconds"] for f in runs.get(c, [])]}
-            for c in sorted((c for c in runs if runs[c]), key=lambda c: medians[c]["prediction"]["total_seconds"])
+            {"config": c.to_json(), "total_seconds": [f.total_seconds for f in runs.get(c, [])]}
+            for c in sorted((c for c in runs if runs[c]), key=lambda c: medians[c].total_seconds)
             [:max(opts.finalists, 1) + 1]
         ] + [{"config": c.to_json(), "total_seconds": []} for c in failed_finalists],  # failed when measured again
         study={"name": study.study_name, "storage": _storage_url(opts)},
     )
 
-
-def _median_result(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run whose predicted total is the median (lower median for an even count), with the peak memory
-    of all runs."""
-    ordered = sorted(results, key=lambda r: r["prediction"]["total_seconds"])
-    chosen = dict(ordered[(len(ordered) - 1) // 2])
-    chosen["peak_memory_bytes"] = max(r["peak_memory_bytes"] for r in results)
-    chosen["runs"] = [r["prediction"]["total_seconds"] for r in results]
-    return chosen
