@@ -91,7 +91,7 @@ def random_search(state: dict, budget: float, seed: int, work: Path) -> tuple[li
         t0 = time.perf_counter()
         try:
             result = runner.run(config, plan, timeout=plan.batch_timeout)
-            value = result["prediction"]["total_seconds"]
+            value = result.total_seconds
             study.tell(trial, value)
             seen[key] = value
             entry.update(state="COMPLETE", value=value)

@@ -48,8 +48,8 @@ def evaluate_points(spec: Any, outcome: Any, configs: list[LoaderConfig], log: C
         entry: dict[str, Any] = {"config": config.to_json(), "describe": config.describe()}
         try:
             result = runner.run(config, plan, timeout=plan.batch_timeout)
-            entry["value"] = result["prediction"]["total_seconds"]
-            entry["prediction"] = result["prediction"]
+            entry["value"] = result.total_seconds
+            entry["prediction"] = result.prediction.to_dict()
         except TrialFailed as exc:
             entry["failed"] = str(exc)
         entry["duration_s"] = time.perf_counter() - t0
