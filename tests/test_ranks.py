@@ -23,8 +23,10 @@ from autotune.machine import _hardware as hardware
 from autotune.machine._cpus import ranks_per_node, usable_cpus
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.tuner._measure import Plan, Workload
+from autotune.tuner._measurement import Measurement
+from autotune.tuner._predict import Prediction
 from autotune.tuner._preparation import prepare
-from autotune.tuner._runner import Runner, combine, shard
+from autotune.tuner._runner import Runner, shard
 from autotune.tuner._study import SearchOptions
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -86,11 +88,14 @@ def test_shards_follow_distributed_sampler():
 
 def test_ranks_together_report_the_slowest_and_the_sum_of_memory():
     def result(total, memory):
-        return {"prediction": {"total_seconds": total}, "peak_memory_bytes": memory, "measured_samples": 8}
+        prediction = Prediction(build_seconds=0.0, first_epoch_seconds=total / 2, epoch_seconds=total / 2,
+                                total_seconds=total, epochs=2, extrapolated=False)
+        return Measurement(prediction=prediction, epochs=(), measured_samples=8, peak_memory_bytes=memory)
 
-    combined = combine([result(2.0, 100), result(3.0, 50)])
-    assert combined["prediction"]["total_seconds"] == 3.0 and combined["ranks"] == [2.0, 3.0]
-    assert combined["peak_memory_bytes"] == 150 and combined["measured_samples"] == 16
+    slow = result(3.0, 50)
+    combined = Measurement.slowest_rank([result(2.0, 100), slow])
+    assert combined.prediction == slow.prediction and combined.ranks == (2.0, 3.0)
+    assert combined.peak_memory_bytes == 150 and combined.measured_samples == 16
 
 
 @pytest.mark.timeout(180)
@@ -99,8 +104,8 @@ def test_two_ranks_run_at_once_each_on_its_shard(tmp_path):
     plan = Plan(indices=list(range(64)), length=64, batch_timeout=60, cache_root=str(tmp_path / "trials"))
     result = runner.run(LoaderConfig(num_workers=1, prefetch_factor=2), plan, timeout=120,
                         log_path=str(tmp_path / "trial-0.log"))
-    assert len(result["ranks"]) == 2 and result["prediction"]["total_seconds"] == max(result["ranks"])
-    assert result["measured_samples"] == 64  # 32 per rank
+    assert len(result.ranks) == 2 and result.total_seconds == max(result.ranks)
+    assert result.measured_samples == 64  # 32 per rank
     assert (tmp_path / "trial-0.rank1.log").exists()
     assert list((tmp_path / "trials").iterdir()) == []
 

@@ -15,19 +15,21 @@ from autotune.dataset._userfile import UserSpec
 from autotune.errors import AutotuneError
 from autotune.tuner._candidates import Limits
 from autotune.tuner._measure import Plan, Workload
+from autotune.tuner._measurement import Measurement
+from autotune.tuner._predict import Prediction
 from autotune.tuner._preparation import Setup
 from autotune.tuner._runner import TrialFailed
 from autotune.tuner._space import Space
-from autotune.tuner._study import SearchOptions, _median_result, _priors, search
+from autotune.tuner._study import SearchOptions, _priors, search
 
 SPACE = Space(max_workers=2, contexts=("fork", "spawn"), prefetch_factors=(2, 4), worker_threads=(1, 2),
               main_threads=(None, 1, 2), caches=(None, "memory", "pickle"), allocators=("glibc", "glibc-tuned"))
 
 
-def _result(total: float, memory: int = 1000) -> dict:
-    return {"prediction": {"total_seconds": total, "epoch_seconds": total / 3, "first_epoch_seconds": total / 3,
-                           "build_seconds": 0.0},
-            "epochs": [], "peak_memory_bytes": memory, "measured_samples": 64}
+def _result(total: float, memory: int = 1000) -> Measurement:
+    prediction = Prediction(build_seconds=0.0, first_epoch_seconds=total / 3, epoch_seconds=total / 3,
+                            total_seconds=total, epochs=3, extrapolated=True)
+    return Measurement(prediction=prediction, epochs=(), measured_samples=64, peak_memory_bytes=memory)
 
 
 class FakeRunner:
@@ -82,7 +84,7 @@ def test_search_picks_the_fastest_and_checks_it_against_the_default(tmp_path):
     assert outcome.config.cache == "memory" and outcome.config.num_workers > 0
     assert not outcome.is_default
     # the fake gives the default 10 s plus 0.01 s per run of it: a loop trial and the re-measurements
-    assert round(outcome.default_figures["prediction"]["total_seconds"], 2) in {10.01, 10.02, 10.03, 10.04}
+    assert round(outcome.default_figures.total_seconds, 2) in {10.01, 10.02, 10.03, 10.04}
     assert DEFAULT in runner.calls  # the default is always measured, in the loop and in the A/B check
     priors = _priors(SPACE, DEFAULT)
     assert runner.calls[:len(priors)] == priors  # the informed priors come first, in order
@@ -103,7 +105,7 @@ def test_the_default_timing_out_when_measured_again_keeps_its_loop_figure(tmp_pa
     runner = FakeRunner(fails_again={DEFAULT})
     outcome = search(_spec(), _opts(tmp_path), setup=_setup(), runner=runner)
     assert not outcome.is_default and outcome.config.cache == "memory"
-    assert outcome.default_figures["prediction"]["total_seconds"] == 10.01  # its one run, in the loop
+    assert outcome.default_figures.total_seconds == 10.01  # its one run, in the loop
     assert any("the plain default failed its re-measurement" in n for n in outcome.notes)
 
 
@@ -124,9 +126,9 @@ def test_every_trial_failing_but_the_default_gives_the_default(tmp_path):
 
 def test_median_result_is_the_lower_median_with_the_peak_memory_of_all_runs():
     runs = [_result(3.0, 10), _result(1.0, 30), _result(2.0, 20), _result(4.0, 5)]
-    chosen = _median_result(runs)
-    assert chosen["prediction"]["total_seconds"] == 2.0
-    assert chosen["peak_memory_bytes"] == 30 and chosen["runs"] == [3.0, 1.0, 2.0, 4.0]
+    chosen = Measurement.median(runs)
+    assert chosen.prediction == runs[2].prediction and chosen.total_seconds == 2.0
+    assert chosen.peak_memory_bytes == 30 and chosen.runs == (3.0, 1.0, 2.0, 4.0)
 
 
 # ---------------------------------------------------------------- the space: suggest and its inverse

@@ -38,8 +38,9 @@ def test_source_files_are_evicted_before_the_first_epoch(tmp_path):
     measured = [t for t in trials(outcome) if t.state == optuna.trial.TrialState.COMPLETE]
     assert measured
     # The trial records the eviction it made; its figures come from the cold read that followed.
-    eviction = outcome.figures["eviction"]
-    assert eviction["files"] == 32 and eviction["effective"] and eviction["resident_after"] <= 0.05
+    eviction = outcome.figures.eviction
+    assert eviction is not None and eviction.files == 32 and eviction.effective
+    assert eviction.resident_after is not None and eviction.resident_after <= 0.05
 
 
 def test_generated_data_is_measured_warm_and_says_so(tmp_path):

@@ -52,9 +52,9 @@ def test_an_endless_stream_is_measured_over_a_bounded_number_of_batches(config):
     workload = Workload(dataset=Stream(None), batch_size=8, epochs=3)
     plan = Plan(indices=list(range(64)), length=640, stream=True, sample_memory=False)
     figures = measure(workload, config, plan)
-    assert [e["batches"] for e in figures["epochs"]] == [8, 8]
-    assert figures["measured_samples"] == 64
-    assert figures["prediction"]["extrapolated"] is True
+    assert [e.batches for e in figures.epochs] == [8, 8]
+    assert figures.measured_samples == 64
+    assert figures.prediction.extrapolated is True
 
 
 @pytest.mark.parametrize("config, batches", [(LoaderConfig(), 5), (WORKERS, 6)], ids=["main", "workers"])
@@ -63,8 +63,8 @@ def test_a_stream_shorter_than_the_bound_is_read_whole(config, batches):
     workload = Workload(dataset=Stream(40), batch_size=8, epochs=2)
     plan = Plan(indices=list(range(64)), length=64, stream=True, sample_memory=False)
     figures = measure(workload, config, plan)
-    assert [e["batches"] for e in figures["epochs"]] == [batches, batches]
-    assert figures["prediction"]["extrapolated"] is False
+    assert [e.batches for e in figures.epochs] == [batches, batches]
+    assert figures.prediction.extrapolated is False
 
 
 def test_a_stream_is_prepared_without_caches_and_with_its_length(tmp_path):
