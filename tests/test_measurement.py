@@ -115,12 +115,21 @@ def test_ranks_combine_as_the_slowest_with_memory_and_samples_summed():
     assert Measurement.slowest_rank([one]) is one  # a single rank is its own figure, no ranks recorded
 
 
-def test_a_study_pooling_a_result_this_version_cannot_read_names_it():
+def test_a_study_pooling_runs_this_version_cannot_read_names_them():
     study = optuna.create_study(study_name="s")
     key = LoaderConfig().key()
     study.set_user_attr(f"{_RUNS_PREFIX}a", {key: [_plain(2.0).to_json()]})
     assert _pooled_runs(study) == {LoaderConfig(): [_plain(2.0)]}
     study.set_user_attr(f"{_RUNS_PREFIX}b", {key: [{**_plain(2.0).to_json(), "measured_samples": "all"}]})
-    with pytest.raises(MeasurementError, match=f"^'{_RUNS_PREFIX}b' of the study s: a trial result's "
-                                               "measured_samples must be an integer, but got 'all'$"):
-        _pooled_runs(study)
+    message = f"'{_RUNS_PREFIX}b' of the study s: a trial result's measured_samples must be an integer, but got 'all'"
+    with pytest.raises(MeasurementError) as raised:
+        _pooled_runs(study)  # --resume-only: nothing spent yet, so the error stops it
+    assert str(raised.value) == message
+    notes: list[str] = []  # after a search has spent its budget: that source is left out, with a note
+    assert _pooled_runs(study, unreadable=notes) == {LoaderConfig(): [_plain(2.0)]}
+    assert notes == [f"ignored {message}"]
+    study.set_user_attr(f"{_RUNS_PREFIX}c", [1, 2])
+    notes.clear()
+    assert _pooled_runs(study, unreadable=notes) == {LoaderConfig(): [_plain(2.0)]}
+    assert notes[1] == (f"ignored '{_RUNS_PREFIX}c' of the study s: finalist runs must be an object of lists, "
+                        "by configuration")

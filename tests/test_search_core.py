@@ -13,6 +13,7 @@ from autotune.config import DEFAULT, LoaderConfig
 from autotune.dataset._probe import Probe
 from autotune.dataset._userfile import UserSpec
 from autotune.errors import AutotuneError
+from autotune.tuner import _storage
 from autotune.tuner._candidates import Limits
 from autotune.tuner._measure import Plan, Workload
 from autotune.tuner._measurement import Measurement
@@ -20,7 +21,7 @@ from autotune.tuner._predict import Prediction
 from autotune.tuner._preparation import Setup
 from autotune.tuner._runner import TrialFailed
 from autotune.tuner._space import Space
-from autotune.tuner._study import SearchOptions, _priors, search
+from autotune.tuner._study import _RUNS_PREFIX, SearchOptions, _priors, _study_name, search
 
 SPACE = Space(max_workers=2, contexts=("fork", "spawn"), prefetch_factors=(2, 4), worker_threads=(1, 2),
               main_threads=(None, 1, 2), caches=(None, "memory", "pickle"), allocators=("glibc", "glibc-tuned"))
@@ -122,6 +123,22 @@ def test_every_trial_failing_but_the_default_gives_the_default(tmp_path):
     assert outcome.is_default and outcome.config == DEFAULT
     assert "only candidate" in outcome.note
     assert outcome.failed and all(r.startswith("timed out") for r in outcome.failed)
+
+
+def test_another_versions_unreadable_finalist_runs_are_left_out_with_a_note_not_fatal(tmp_path):
+    """A study shared with another autotune version: its pooled runs that this one cannot read must not cost
+    the search it just spent its budget on."""
+    setup, spec = _setup(), _spec()
+    study = optuna.create_study(study_name=_study_name(setup.probe, setup.hardware, spec, setup.space),
+                                storage=_storage.storage_url(None, tmp_path), direction="minimize")
+    newer = _result(1.0).to_json()
+    newer["prediction"]["new"] = 1  # a figure a later version added
+    study.set_user_attr(f"{_RUNS_PREFIX}other:1", {DEFAULT.key(): [newer]})
+    outcome = search(spec, _opts(tmp_path, max_trials=6), setup=setup, runner=FakeRunner())
+    assert outcome.config.cache == "memory" and not outcome.is_default
+    assert [n for n in outcome.notes if n.startswith("ignored ")] == [
+        f"ignored '{_RUNS_PREFIX}other:1' of the study {study.study_name}: a trial result's prediction has unknown "
+        "keys 'new'"]
 
 
 def test_median_result_is_the_lower_median_with_the_peak_memory_of_all_runs():

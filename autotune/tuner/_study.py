@@ -328,14 +328,20 @@ def _record(trial: optuna.Trial, result: Measurement) -> None:
         _storage.set_attr(trial, key, value)
 
 
-def _trial_result(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Measurement | None:
-    """What a completed trial measured (None: a repeat, or a trial that stored none)."""
+def _trial_result(study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                  unreadable: list[str] | None = None) -> Measurement | None:
+    """What a completed trial measured (None: a repeat, or a trial that stored none). A result this version
+    cannot read is a MeasurementError, or, given ``unreadable``, a note there and None."""
     if trial.user_attrs.get("repeat"):
         return None
     try:
         return Measurement.from_trial_attrs(trial.user_attrs)
     except MeasurementError as exc:
-        raise MeasurementError(f"trial {trial.number} of the study {study.study_name}: {exc}") from None
+        problem = f"trial {trial.number} of the study {study.study_name}: {exc}"
+        if unreadable is None:
+            raise MeasurementError(problem) from None
+        unreadable.append(f"ignored {problem}")
+        return None
 
 
 def _search_id() -> str:
@@ -400,7 +406,7 @@ def _finish(study: optuna.Study, space: Space, runner: Any, plan: Plan, probe: P
             except TrialFailed as exc:  # a finalist that fails now (timeout, memory) is out, not fatal
                 failed_finalists[config] = str(exc)
             progress.update(f"finalists round {r + 1}/{rounds}")
-    runs = _pool_runs(study, figures, failed_finalists)
+    runs = _pool_runs(study, figures, failed_finalists, limits.notes)
     return _outcome(study, runs, failed_finalists, default, plan, probe, hw, limits, opts, started,
                     "interleaved re-measurement")
 
@@ -409,29 +415,39 @@ _RUNS_PREFIX = "finalist-runs:"  # a study attribute per search: its finalists' 
 
 
 def _pool_runs(study: optuna.Study, figures: dict[LoaderConfig, list[Measurement]],
-               failed: dict[LoaderConfig, str]) -> dict[LoaderConfig, list[Measurement]]:
+               failed: dict[LoaderConfig, str], notes: list[str]) -> dict[LoaderConfig, list[Measurement]]:
     """Store this search's finalist runs in the study and return every search's, pooled by configuration
     (minus the ones that failed here): searches sharing a study decide on the same evidence, and a recipe
-    can be written later from the study alone (``resume_only``)."""
+    can be written later from the study alone (``resume_only``). Another search's runs that this version
+    cannot read (another version's) are left out, with a note: the budget is spent by now."""
     own = {c.key(): [r.to_json() for r in v] for c, v in figures.items() if v and c not in failed}
     if own:
         with contextlib.suppress(Exception):  # sharing is a bonus; this search's own runs still decide
             study.set_user_attr(f"{_RUNS_PREFIX}{_search_id()}:{time.time():.0f}", own)
-    return {c: v for c, v in _pooled_runs(study, extra=own).items() if c not in failed}
+    return {c: v for c, v in _pooled_runs(study, extra=own, unreadable=notes).items() if c not in failed}
 
 
-def _pooled_runs(study: optuna.Study, extra: dict[str, list[dict[str, Any]]] | None = None
-                 ) -> dict[LoaderConfig, list[Measurement]]:
+def _pooled_runs(study: optuna.Study, extra: dict[str, list[dict[str, Any]]] | None = None,
+                 unreadable: list[str] | None = None) -> dict[LoaderConfig, list[Measurement]]:
+    """Every search's finalist runs in the study, by configuration. A source this version cannot read is a
+    MeasurementError, or, given ``unreadable``, a note there and left out whole."""
     pooled: dict[str, list[Measurement]] = {}
     sources = [(k, v) for k, v in study.user_attrs.items() if k.startswith(_RUNS_PREFIX)]
     if extra and not any(v == extra for _, v in sources):
         sources.append(("this search's runs", extra))
     for name, source in sources:
-        for key, results in source.items():
-            try:
-                pooled.setdefault(key, []).extend(Measurement.from_json(r) for r in results)
-            except MeasurementError as exc:
-                raise MeasurementError(f"{name!r} of the study {study.study_name}: {exc}") from None
+        try:
+            if not isinstance(source, dict) or not all(isinstance(v, list) for v in source.values()):
+                raise MeasurementError("finalist runs must be an object of lists, by configuration")
+            read = {key: [Measurement.from_json(r) for r in results] for key, results in source.items()}
+        except MeasurementError as exc:
+            problem = f"{name!r} of the study {study.study_name}: {exc}"
+            if unreadable is None:
+                raise MeasurementError(problem) from None
+            unreadable.append(f"ignored {problem}")
+            continue
+        for key, results in read.items():
+            pooled.setdefault(key, []).extend(results)
     return {LoaderConfig.from_json(json.loads(k)): v for k, v in pooled.items()}
 
 
@@ -466,8 +482,8 @@ def _outcome(study: optuna.Study, runs: dict[LoaderConfig, list[Measurement]],
         # The default failed its re-measurement (a timeout on a loaded machine) but the loop measured it:
         # its figure from the loop still anchors the A/B check.
         done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        loop = [r for r in (_trial_result(study, t) for t in done if t.user_attrs.get("config_key") == default.key())
-                if r is not None]
+        mine = [t for t in done if t.user_attrs.get("config_key") == default.key()]
+        loop = [r for r in (_trial_result(study, t, notes) for t in mine) if r is not None]
         if loop:
             medians[default] = Measurement.median(loop)
             notes.append(f"the plain default failed its re-measurement ({failed_finalists.get(default, '')}); "
