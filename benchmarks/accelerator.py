@@ -3,7 +3,8 @@
 Each batch is consumed by an emulated accelerator step, a fixed compute time (``time.sleep``), from
 loader-bound (5 ms) to compute-bound (60 ms). AU = steps x compute time / wall time, as MLPerf Storage
 defines it, reported two ways: over the whole run (setup and the wait for the first batch included) and
-steady (from the first batch to the last; setup and first-step I/O excluded). The first-step I/O, the time
+steady (from the first batch to the last; setup and first-step I/O excluded). ``time.sleep`` overshoots by
+tens of microseconds, so a wholly compute-bound run reads a little under 100%. The first-step I/O, the time
 from the start of the run (setup: cache build or recipe factory included) to the first batch, is reported
 apart.
 
