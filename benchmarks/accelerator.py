@@ -27,7 +27,7 @@ process, the JPEGs evicted before setup and before epoch 1; the three rows are i
 autotune, repeated) and summarised as median (min-max) of ``--repeats``. The verdict line checks the claim
 that the recipe reaches >= 90% AU at every compute time where the grid's best does.
 
-About 10 minutes on a quiet 2-CPU machine (per compute time: a 30 s search, a 9-point grid, 3 rows x 2
+About 10 minutes on a quiet 2-CPU machine, estimated (per compute time: a 30 s search, a 9-point grid, 3 rows x 2
 repeats of 512 steps):
 
     python benchmarks/accelerator.py [--compute-ms 5 20 60] [--budget 30] [--repeats 2] [--quick]
