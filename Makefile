@@ -34,7 +34,7 @@ check: $(STAMP)
 test: check
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-# Every script in benchmarks/ (about 35 minutes on 2 CPUs); `make bench BENCH_ARGS=--quick` is the smoke test.
+# Every script in benchmarks/ (about 40 minutes on 2 CPUs); `make bench BENCH_ARGS=--quick` is the smoke test.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py $(BENCH_ARGS)
 

@@ -130,11 +130,55 @@ def test_cpu_lstm(results):
 def test_accelerator(results):
     data = _check(results, "accelerator")
     assert data["compute"]
+    assert data["steps_per_run"] == 16  # --quick: 64 JPEGs at batch 8, 2 epochs
     for entry in data["compute"]:
-        assert set(entry["rows"]) == {"default", "B", "autotune"}
+        assert set(entry["rows"]) == {"default", "grid", "autotune"}
+        assert {"best", "points", "evaluated"} <= set(entry["grid"])
+        assert {"wall_s", "config", "measured"} <= set(entry["search"])
         for row in entry["rows"].values():
-            assert {"utilisation", "utilisation_epochs_only", "total_s"} <= set(row)
-            assert 0 < row["utilisation"]["median"] <= 1.0
+            assert {"au", "au_steady", "first_step_s", "steps", "total_s", "epoch_s"} <= set(row)
+            assert row["steps"]["median"] == data["steps_per_run"]
+            assert 0 < row["au"]["median"] <= row["au_steady"]["median"] <= 1.0
+    for verdict in data["verdict"].values():
+        assert set(verdict) == {"grid_reaches_at_ms", "recipe_short_at_ms", "holds"}
+    assert sum("AU where the grid's best does" in note for note in data["notes"]) == 2  # whole run, steady
+
+
+def _script(name):
+    """A benchmark script as a module (its ``harness`` package importable)."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_accelerator_utilisation_figures():
+    acc = _script("accelerator")
+    run = {"batches": [10, 10], "setup_s": 0.5, "first_batch_s": [0.25, 0.01], "epoch_s": [1.25, 1.0],
+           "total_s": 2.75}
+    assert acc.au_figures(run, 0.1) == pytest.approx(
+        {"steps": 20, "first_step_s": 0.75, "au": 2.0 / 2.75, "au_steady": 2.0 / 2.0})
+
+
+def test_accelerator_verdict():
+    acc = _script("accelerator")
+
+    def au(value):  # a row summary; a row whose runs all failed has no AU
+        return {} if value is None else {"au": {"median": value}}
+
+    def entry(ms, grid, recipe):
+        return {"compute_ms": ms, "rows": {"grid": au(grid), "autotune": au(recipe)}}
+
+    results = [entry(5, 0.7, 0.6), entry(20, 0.95, 0.92), entry(60, 0.97, 0.85), entry(150, 0.99, None)]
+    assert acc.verdict(results, "au") == {"grid_reaches_at_ms": [20, 60, 150], "recipe_short_at_ms": [60, 150],
+                                          "holds": False}
+    assert acc.verdict(results[:2], "au") == {"grid_reaches_at_ms": [20], "recipe_short_at_ms": [], "holds": True}
+    assert acc.verdict(results[:1], "au")["holds"] is False
+    assert "**yes**" in acc.verdict_line(results[:2], "au", "x")
+    assert "falls short at 60, 150 ms" in acc.verdict_line(results, "au", "x")
+    assert "not tested" in acc.verdict_line(results[:1], "au", "x")
 
 
 @pytest.mark.bench

@@ -7,7 +7,8 @@ How a configuration is measured (docs/architecture.md §3 and "Measuring on smal
 - the dataset's source files are evicted from the page cache before the one-time setup reads them and
   again just before epoch 1 (``child.run_setup``);
 - the setup (cache build, load, recipe factory) is timed apart from the epochs; each epoch is timed
-  from ``iter(loader)`` to the last batch consumed, the consumer included; shuffle with a fixed seed;
+  from ``iter(loader)`` to the last batch consumed, the consumer included, and to its first batch
+  (the first step's wait for data); shuffle with a fixed seed;
 - no memory is read while epochs are timed: peak PSS comes from a separate run (``memory=True``);
 - configurations are interleaved (A B C A B C ...) and summarised by median with the min-max spread.
 

@@ -45,7 +45,8 @@ def evict_files(paths: Iterable[str]) -> dict[str, Any]:
 
 
 def _epoch(loader: Iterable, consume: Callable[[Any], Any], memory: bool) -> dict[str, Any]:
-    """One epoch: wall seconds, batches, main-process CPU seconds and minor faults; peak PSS in the memory pass."""
+    """One epoch: wall seconds, seconds to the first batch (before it is consumed), batches, main-process CPU
+    seconds and minor faults; peak PSS in the memory pass."""
     every = 0
     if memory:
         try:
@@ -53,16 +54,20 @@ def _epoch(loader: Iterable, consume: Callable[[Any], Any], memory: bool) -> dic
         except TypeError:
             every = 10
     peak = batches = 0
+    first: float | None = None
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     cpu = time.process_time()
     start = time.perf_counter()
     for batch in loader:
+        if first is None:
+            first = time.perf_counter() - start
         consume(batch)
         batches += 1
         if every and batches % every == 0:
             peak = max(peak, tree_pss())
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "batches": batches, "peak": peak, "cpu_s": time.process_time() - cpu,
+    return {"seconds": seconds, "first_batch_s": seconds if first is None else first, "batches": batches,
+            "peak": peak, "cpu_s": time.process_time() - cpu,
             "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults}
 
 
@@ -83,6 +88,7 @@ def run_setup(setup: Setup, epochs: int, memory: bool = False) -> dict[str, Any]
         "setup_s": setup_seconds,
         "parts_s": dict(setup.parts),
         "epoch_s": epoch_s,
+        "first_batch_s": [e["first_batch_s"] for e in done],
         "total_s": setup_seconds + sum(epoch_s),
         "batches": [e["batches"] for e in done],
         "main_cpu_s": [e["cpu_s"] for e in done],
