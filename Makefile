@@ -31,8 +31,11 @@ check: $(STAMP)
 	$(BIN)/ruff check autotune tests benchmarks examples
 	$(BIN)/mypy
 
+# Two workers, one test file each at a time: most of the suite waits on real processes, budgets and
+# servers, so two files at once fit on 2 CPUs; `make test WORKERS=0` runs it in one process.
+WORKERS ?= 2
 test: check
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # Every script in benchmarks/ (about 40 minutes on 2 CPUs); `make bench BENCH_ARGS=--quick` is the smoke test.
 bench: $(STAMP)
