@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -101,6 +102,11 @@ def test_ranks_together_report_the_slowest_and_the_sum_of_memory():
     combined = Measurement.slowest_rank([result(2.0, 100), slow])
     assert combined.prediction == slow.prediction and combined.ranks == (2.0, 3.0)
     assert combined.peak_memory_bytes == 150 and combined.measured_samples == 16
+    built = replace(result(2.0, 1), cache_origins=("built",), cache_builders=("b1",))
+    waited = replace(result(2.5, 1), cache_origins=("waited",), cache_builders=("b1",))
+    both = Measurement.slowest_rank([built, waited])
+    assert both.cache_origins == ("built", "waited") and both.cache_builders == ("b1", "b1")  # in rank order
+    assert Measurement.from_json(both.to_json()) == both
 
 
 @pytest.mark.timeout(180)
@@ -161,9 +167,9 @@ def test_two_ranks_build_one_shared_disk_cache_and_read_it_exactly(tmp_path, bac
                 epochs_measured=1)
     result = runner.run(LoaderConfig(num_workers=1, prefetch_factor=2, cache=backend), plan, timeout=240,
                         log_path=str(tmp_path / "trial-0.log"))
-    origins = result["cache_origins"]
+    origins = result.cache_origins
     assert origins.count("built") == 1 and set(origins) <= {"built", "waited", "reused"}, origins
-    assert len(set(result["cache_builders"])) == 1 and None not in result["cache_builders"]
+    assert len(result.cache_builders) == 2 and len(set(result.cache_builders)) == 1  # both read the one build
     read = sorted(sorted({int(i) for i in f.read_text().split()}) for f in seen.iterdir())
     assert read == sorted(sorted(set(shard(plan, r, 2).indices)) for r in range(2))  # each rank its shard
     assert list((tmp_path / "trials").iterdir()) == []
@@ -178,7 +184,7 @@ def test_two_ranks_each_build_their_own_memory_cache_of_every_rank_samples(tmp_p
     plan = Plan(indices=list(range(40)), length=48, batch_timeout=60, cache_root=str(tmp_path / "trials"),
                 epochs_measured=1)
     result = runner.run(LoaderConfig(cache="memory"), plan, timeout=240)
-    assert result["cache_origins"] == ["built", "built"]  # one copy in each rank, as each rank's factory holds
+    assert result.cache_origins == ("built", "built") and len(set(result.cache_builders)) == 2  # two builds  # one copy in each rank, as each rank's factory holds
     read = sorted(sorted({int(i) for i in f.read_text().split()}) for f in seen.iterdir())
     assert read == sorted(sorted(set(shard(plan, r, 2).indices)) for r in range(2))
     assert list((tmp_path / "trials").iterdir()) == []
