@@ -79,7 +79,7 @@ class Recipe:
         where = "this machine" if self.matches_this_machine else "other hardware"
         speedup = self.profile.measured.speedup
         extra = f", {speedup:.2f}x the default" if speedup is not None else ""
-        return f"Recipe({self.config.describe()}; tuned on {where}{extra})"
+        return f"Recipe({self.config.describe(self.profile.ranks_per_node)}; tuned on {where}{extra})"
 
 
 def _figures(prediction: Prediction) -> RunFigures:

@@ -178,8 +178,20 @@ class LoaderConfig:
         return ProcessSettings(allocator=self.allocator, main_threads=self.main_threads,
                                worker_threads=self.worker_threads)
 
-    def describe(self) -> str:
-        """One readable line: the loader keywords, then threads, cache and allocator where set."""
+    def describe_cache(self, ranks: int = 1) -> str:
+        """The cache in words: its backend ("none" without one); with several ranks per node, also who
+        holds it, as the factory builds it: every rank its own memory cache, or the node one disk cache,
+        built once and shared."""
+        if not self.cache or ranks <= 1:
+            return self.cache or "none"
+        if self.cache != "memory":
+            return f"{self.cache} cache, shared by the node's {ranks} ranks"
+        filled = ", each filled with its rank's samples" if self.cache_fill == "first_epoch" else ""
+        return f"memory cache, one per rank (x{ranks} in memory){filled}"
+
+    def describe(self, ranks: int = 1) -> str:
+        """One readable line: the loader keywords, then threads, cache and allocator where set; ``ranks``
+        per node says who holds the cache (``describe_cache``)."""
         parts = [f"num_workers={self.num_workers}"]
         if self.num_workers:
             parts += [
@@ -193,7 +205,11 @@ class LoaderConfig:
             parts.append("pin_memory=True")
         if self.main_threads:
             parts.append(f"main_threads={self.main_threads}")
-        parts.append(f"cache={self.cache or 'none'}")
+        held = ""
+        if self.cache and ranks > 1:  # the same words as describe_cache, in one parenthesis
+            held = (f" (shared by the node's {ranks} ranks)" if self.cache != "memory"
+                    else f" (one per rank, x{ranks} in memory)")
+        parts.append(f"cache={self.cache or 'none'}{held}")
         if self.cache and self.cache_fill != "build":
             parts.append(f"cache_fill={self.cache_fill}")
         if self.allocator != "glibc":

@@ -44,12 +44,42 @@ epochs = 1
 """
 
 
-def _start(tmp_path: Path, block: bool = False) -> subprocess.Popen:
-    (tmp_path / "hangs.py").write_text(textwrap.dedent(HANGING))
+# Reads fine everywhere but in a cache build inside a trial: the trials without a cache finish, and the
+# first with a disk cache hangs mid-build.
+HANGING_IN_BUILDS = """
+import multiprocessing, sys, time
+import torch
+from torch.utils.data import Dataset
+
+def building():
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_filename.endswith("_base.py") and "caches" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+class HangsInBuilds(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        if multiprocessing.parent_process() is not None and building():
+            time.sleep(3600)
+        return torch.full((4,), float(i)), i
+
+dataset = HangsInBuilds()
+batch_size = 8
+epochs = 1
+"""
+
+
+def _start(tmp_path: Path, block: bool = False, source: str = HANGING, extra: tuple[str, ...] = ("--caches", "none")
+           ) -> subprocess.Popen:
+    (tmp_path / "hangs.py").write_text(textwrap.dedent(source))
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "BLOCK": "1" if block else "0"}
     return subprocess.Popen(
-        [sys.executable, "-m", "autotune", "search", "hangs.py", "--budget", "5m", "--caches", "none",
+        [sys.executable, "-m", "autotune", "search", "hangs.py", "--budget", "5m", *extra,
          "--no-progress", "--workdir", "w"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
@@ -176,3 +206,37 @@ def test_a_trial_killed_with_spawned_workers_leaks_no_semaphore(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "timed out after 4 s" in done.stdout
     assert "leaked semaphore" not in done.stderr
+
+
+def test_a_search_killed_mid_build_of_a_cache_its_ranks_share_leaves_one_folder_that_clear_removes(tmp_path, capsys):
+    """Two ranks per trial: one builds the shared disk cache (stuck mid-read), the other waits on its build
+    lock. SIGKILL to the search: both ranks and the build's workers die; the one folder left (tag, locks, the
+    partial build) is a trial leftover that `autotune cache clear` removes."""
+    proc = _start(tmp_path, source=HANGING_IN_BUILDS, extra=("--caches", "hdf5", "--ranks-per-node", "2"))
+    trials = tmp_path / "w" / "cache" / "trials"
+    try:
+        deadline = time.monotonic() + 180
+        while not list(trials.glob("trial-*/.hdf5-*.tmp-*")):  # a build under way in the shared folder
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no cache build started"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        server = [p for p in psutil.Process(proc.pid).children() if any("forkserver" in c for c in p.cmdline())]
+        ranks = [p for p in server[0].children() if not any("resource_tracker" in c for c in p.cmdline())]
+        assert len(ranks) == 2  # the builder and the rank waiting for it
+        proc.kill()
+        proc.communicate(timeout=30)
+        time.sleep(5)
+        assert _alive(tree) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert len(leftover_trials(trials)) == 1
+    where = ["--dir", str(tmp_path / "caches"), "--workdir", str(tmp_path / "w")]
+    assert main(["cache", "list", *where]) == 0
+    listed = capsys.readouterr().out
+    assert listed.count("trial leftover") == 1 and "foreign" not in listed
+    assert main(["cache", "clear", *where]) == 0
+    assert f"Removed 1 cache from {trials}." in capsys.readouterr().out
+    assert list(trials.iterdir()) == []

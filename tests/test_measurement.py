@@ -31,7 +31,7 @@ def _full(total: float = 6.0, memory: int = 1000, samples: int = 64) -> Measurem
         eviction=EvictionReport(files=3, bytes=4096, resident_before=1.0, resident_after=0.0, effective=True,
                                 note="", failed=("/data/x: Permission denied",)),
         process_applied=("glibc-tuned (mallopt) in the main process",), process_not_applied=("jemalloc: no",),
-        ranks=(5.0, 6.0), runs=(6.0,),
+        ranks=(5.0, 6.0), runs=(6.0,), cache_origins=("built", "waited"), cache_builders=("1f2e", "1f2e"),
     )
 
 
@@ -50,7 +50,8 @@ def test_the_json_form_round_trips_exactly_through_json_text(m):
 def test_the_json_form_keeps_the_keys_an_older_study_holds():
     data = _full().to_json()
     assert set(data) == {"prediction", "epochs", "measured_samples", "peak_memory_bytes", "build_seconds_subset",
-                         "eviction", "process_applied", "process_not_applied", "ranks", "runs"}
+                         "eviction", "process_applied", "process_not_applied", "ranks", "runs", "cache_origins",
+                         "cache_builders"}
     assert data["prediction"] == _prediction(6.0).to_dict()
     assert data["epochs"][1] == {"seconds": 0.75, "first_batch": 0.0625, "batches": 4, "head_seconds": 0.125}
 

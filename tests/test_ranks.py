@@ -10,18 +10,24 @@ import shutil
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from torch.utils.data import DistributedSampler
 
 from autotune import _api
+from autotune.caches import estimate_need
+from autotune.caches._registry import clear_caches, list_caches
 from autotune.cli._main import main
+from autotune.cli._show import render
 from autotune.config import LoaderConfig
 from autotune.dataset._userfile import UserSpec
 from autotune.machine import _hardware as hardware
 from autotune.machine._cpus import ranks_per_node, usable_cpus
+from autotune.machine._memory import format_bytes
 from autotune.recipe._file import Profile, RecipeFile
+from autotune.tuner._lifecycle import remove_leftovers
 from autotune.tuner._measure import Plan, Workload
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._predict import Prediction
@@ -30,7 +36,7 @@ from autotune.tuner._runner import Runner, shard
 from autotune.tuner._study import SearchOptions
 
 sys.path.insert(0, str(Path(__file__).parent))
-from workloads import Numbers  # noqa: E402
+from workloads import CheckExact, Exact, Numbers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,6 +102,11 @@ def test_ranks_together_report_the_slowest_and_the_sum_of_memory():
     combined = Measurement.slowest_rank([result(2.0, 100), slow])
     assert combined.prediction == slow.prediction and combined.ranks == (2.0, 3.0)
     assert combined.peak_memory_bytes == 150 and combined.measured_samples == 16
+    built = replace(result(2.0, 1), cache_origins=("built",), cache_builders=("b1",))
+    waited = replace(result(2.5, 1), cache_origins=("waited",), cache_builders=("b1",))
+    both = Measurement.slowest_rank([built, waited])
+    assert both.cache_origins == ("built", "waited") and both.cache_builders == ("b1", "b1")  # in rank order
+    assert Measurement.from_json(both.to_json()) == both
 
 
 @pytest.mark.timeout(180)
@@ -140,3 +151,107 @@ def test_ranks_may_try_up_to_the_nodes_cpus_per_rank(tmp_path):
     assert one.space.max_workers == usable_cpus(1) == two.space.max_workers
     assert two.limits.usable_cpus == max(1, usable_cpus(1) // 2) and two.ranks == 2
     assert any(f"up to the node's {usable_cpus(1)} CPUs" in n for n in two.limits.notes)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", ["pickle", "hdf5", "lmdb"])
+def test_two_ranks_build_one_shared_disk_cache_and_read_it_exactly(tmp_path, backend):
+    """The ranks of one candidate share its folder: the disk cache (and the few-sample build that measures
+    a build's start-up) is built once under the factory's build lock; each rank reads its shard of it,
+    every sample bit for bit dataset[i]; the folder is gone afterwards."""
+    dataset, seen = Exact(96), tmp_path / "seen"
+    seen.mkdir()
+    workload = Workload(dataset=dataset, batch_size=8, epochs=1, train_step=CheckExact(dataset, str(seen)))
+    runner = Runner(workload, [str(Path(__file__).parent)], ranks=2)
+    plan = Plan(indices=list(range(80)), length=96, batch_timeout=60, cache_root=str(tmp_path / "trials"),
+                epochs_measured=1)
+    result = runner.run(LoaderConfig(num_workers=1, prefetch_factor=2, cache=backend), plan, timeout=240,
+                        log_path=str(tmp_path / "trial-0.log"))
+    origins = result.cache_origins
+    assert origins.count("built") == 1 and set(origins) <= {"built", "waited", "reused"}, origins
+    assert len(result.cache_builders) == 2 and len(set(result.cache_builders)) == 1  # both read the one build
+    read = sorted(sorted({int(i) for i in f.read_text().split()}) for f in seen.iterdir())
+    assert read == sorted(sorted(set(shard(plan, r, 2).indices)) for r in range(2))  # each rank its shard
+    assert list((tmp_path / "trials").iterdir()) == []
+
+
+@pytest.mark.timeout(300)
+def test_two_ranks_each_build_their_own_memory_cache_of_every_rank_samples(tmp_path):
+    dataset, seen = Exact(48), tmp_path / "seen"
+    seen.mkdir()
+    workload = Workload(dataset=dataset, batch_size=8, epochs=1, train_step=CheckExact(dataset, str(seen)))
+    runner = Runner(workload, [str(Path(__file__).parent)], ranks=2)
+    plan = Plan(indices=list(range(40)), length=48, batch_timeout=60, cache_root=str(tmp_path / "trials"),
+                epochs_measured=1)
+    result = runner.run(LoaderConfig(cache="memory"), plan, timeout=240)
+    assert result.cache_origins == ("built", "built") and len(set(result.cache_builders)) == 2  # two builds  # one copy in each rank, as each rank's factory holds
+    read = sorted(sorted({int(i) for i in f.read_text().split()}) for f in seen.iterdir())
+    assert read == sorted(sorted(set(shard(plan, r, 2).indices)) for r in range(2))
+    assert list((tmp_path / "trials").iterdir()) == []
+
+
+def test_a_shard_reads_from_a_cache_of_every_ranks_samples():
+    plan = Plan(indices=[5, 9, 11, 20, 31], length=50)
+    part = shard(plan, 1, 2)
+    assert part.indices == [9, 20, 5] and part.cached() == ([5, 9, 11, 20, 31], 50) and part.shares_cache
+    assert plan.cached() == ([5, 9, 11, 20, 31], 50) and not plan.shares_cache
+
+
+def test_the_memory_budget_counts_a_memory_cache_once_per_rank(tmp_path):
+    """A memory cache that fits the budget once but not twice is offered to one rank, not to two; a disk
+    cache, built once per node, stays."""
+    spec = UserSpec(dataset=Numbers(64), source="<test>", batch_size=8, epochs=2)
+    probe = prepare(spec, SearchOptions(budget=30, workdir=tmp_path, progress=False)).probe
+    need, _ = estimate_need("memory", probe.sample_bytes, probe.length)
+    budget = need * 3 // 2
+    opts = {"budget": 30, "workdir": tmp_path, "progress": False, "max_memory": budget, "caches": ("memory", "hdf5")}
+    one = prepare(spec, SearchOptions(**opts, ranks_per_node=1))
+    two = prepare(spec, SearchOptions(**opts, ranks_per_node=2))
+    assert one.space.caches == (None, "memory", "hdf5")
+    assert two.space.caches == (None, "hdf5")
+    assert (f"cache memory left out: needs ~{format_bytes(need)} of RAM in each of the node's 2 ranks, "
+            f"~{format_bytes(need * 2)} together, over the budget of {format_bytes(budget)} (--max-memory)"
+            ) in two.limits.notes
+    assert two.limits.memory_budget == budget  # the node's, which the runner checks all ranks against
+
+
+def _profile(ranks: int, config: LoaderConfig) -> Profile:
+    return Profile(hardware=hardware.collect(ranks), dataset={"source": "data.py:dataset", "length": 64},
+                   settings={"batch_size": 8, "epochs": 1}, config=config)
+
+
+@pytest.mark.parametrize("cache,words", [
+    ("memory", "memory cache, one per rank (x2 in memory)"),
+    ("hdf5", "hdf5 cache, shared by the node's 2 ranks"),
+])
+def test_show_and_the_recipe_say_who_holds_the_cache(tmp_path, cache, words):
+    config = LoaderConfig(num_workers=1, prefetch_factor=2, cache=cache)
+    path = tmp_path / "autotune.json"
+    RecipeFile.merge_write(path, _profile(2, config))
+    RecipeFile.merge_write(path, _profile(1, config))
+    shown = render(RecipeFile.read(path), hardware.collect(2), str(path))
+    cache_rows = [line.split(None, 1)[1] for line in shown.splitlines() if line.strip().startswith("cache ")]
+    assert sorted(cache_rows) == sorted([words, cache])  # the 2-rank profile says it; one rank's: the backend
+    held = "one per rank, x2 in memory" if cache == "memory" else "shared by the node's 2 ranks"
+    assert f"cache={cache} ({held})" in repr(_api.Recipe(_profile(2, config), path))
+    assert f"cache={cache})" not in repr(_api.Recipe(_profile(2, config), path))
+    assert repr(_api.Recipe(_profile(1, config), path)).startswith(f"Recipe({config.describe()};")
+
+
+def test_a_killed_searchs_shared_trial_folder_is_a_leftover_that_clear_and_the_next_search_remove(tmp_path):
+    """A shared trial folder holds the tag and the build lock open_or_build writes beside its cache: still
+    a trial folder, removed whole by `cache clear` and by the next search once its search is gone."""
+    from autotune.caches import open_or_build
+    from autotune.caches._trust import ensure_root
+
+    for root in (tmp_path / "a", tmp_path / "b"):
+        folder = root / "trial-abcdefgh"  # an older autotune's unnamed folder: a leftover
+        folder.mkdir(parents=True)
+        ensure_root(folder)
+        open_or_build("hdf5", Exact(8), root=folder, manifest={"key": "trial", "dataset": "x"}, indices=range(8),
+                      progress=False)
+        (folder / ".trial.lock").write_text("")
+        assert [e["status"] for e in list_caches(root)] == ["trial leftover"]
+    assert clear_caches(tmp_path / "a")["removed"] == [str(tmp_path / "a" / "trial-abcdefgh")]
+    assert remove_leftovers(tmp_path / "b") == [tmp_path / "b" / "trial-abcdefgh"]
+    assert list((tmp_path / "a").iterdir()) == [] and list((tmp_path / "b").iterdir()) == []

@@ -123,3 +123,34 @@ class UnshardedStream(Stream):
 class SizedStream(Stream):
     def __len__(self) -> int:
         return self.n
+
+
+class Exact(Dataset):
+    """Sample i: float64 values drawn from a generator seeded with i (every bit counts), and i."""
+
+    def __init__(self, n: int = 96):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return {"x": torch.randn(6, generator=torch.Generator().manual_seed(int(i)), dtype=torch.float64), "i": i}
+
+
+class CheckExact:
+    """A train step that checks every sample of a batch of ``Exact`` bit for bit against ``dataset[i]``
+    (raising on a difference, which fails the trial) and appends the indices it saw to ``folder/<pid>``."""
+
+    def __init__(self, dataset: Exact, folder: str):
+        self.dataset = dataset
+        self.folder = folder
+
+    def __call__(self, batch):
+        indices = batch["i"].tolist()
+        for x, i in zip(batch["x"], indices):
+            want = self.dataset[i]["x"]
+            if x.dtype != want.dtype or not torch.equal(x.view(torch.int64), want.view(torch.int64)):
+                raise AssertionError(f"the sample read for index {i} is not dataset[{i}]")
+        with open(os.path.join(self.folder, str(os.getpid())), "a") as f:
+            f.write(" ".join(map(str, indices)) + "\n")

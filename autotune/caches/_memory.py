@@ -72,6 +72,7 @@ class MemoryCache(Cache):
     def __init__(self, stored: dict[str, Any], columns: list[np.ndarray], blobs: np.ndarray, offsets: np.ndarray,
                  overflow: np.ndarray):
         super().__init__(None, stored)
+        self.origin = "built"  # never opened from anywhere: always built by the process that holds it
         self.columns, self.blobs, self.offsets, self.overflow = columns, blobs, offsets, overflow
 
     @classmethod

@@ -218,6 +218,14 @@ def _dir_bytes(path: Path) -> int:
     return total
 
 
+def _trial_bookkeeping(path: Path) -> bool:
+    """A trial folder's own small files: the trial's lock and, where its ranks share a disk cache built
+    through ``open_or_build``, the folder's tag and the cache's build lock."""
+    if path.name in (TRIAL_LOCK, TAG_NAME) or path.name.startswith(f".{TAG_NAME}.tmp-"):
+        return path.is_file() and not path.is_symlink()
+    return bool(_LOCK.match(path.name)) and path.is_file() and not path.is_symlink()
+
+
 def _owned(path: Path) -> bool:
     try:
         return os.lstat(path).st_uid == os.geteuid()
@@ -240,7 +248,7 @@ def _classify(path: Path) -> dict[str, Any]:
                      reason="a build in progress" if busy else "an unfinished or interrupted build")
         return entry
     if _TRIAL.match(path.name):
-        inner = [_classify(p) for p in sorted(path.iterdir()) if p.name != TRIAL_LOCK]
+        inner = [_classify(p) for p in sorted(path.iterdir()) if not _trial_bookkeeping(p)]
         if all(e["kind"] != "foreign" for e in inner):
             from autotune.tuner._lifecycle import is_leftover
 

@@ -119,7 +119,7 @@ def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
     if outcome.failed:
         lines.append(f"{len(outcome.failed)} candidate(s) failed, e.g.: {outcome.failed[0]}")
     lines.append(f"Best DataLoader settings ({'the plain default' if m.is_default else 'tuned'}):")
-    lines.append(f"  {recipe.config.describe()}")
+    lines.append(f"  {recipe.config.describe(recipe.profile.ranks_per_node)}")
     # a search just made this profile: every figure below is there
     epoch, d_epoch = m.chosen.epoch_seconds or 0.0, m.default.epoch_seconds or 0.0
     total, d_total = m.chosen.total_seconds or 0.0, m.default.total_seconds or 0.0
@@ -133,7 +133,9 @@ def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
         f"{', cache build included' if recipe.config.cache else ''}): {format_seconds(total)} vs "
         f"{format_seconds(d_total)}: {m.speedup or 1.0:.2f}x faster"
     )
-    lines.append(f"  peak memory (main + workers, PSS): {format_bytes(m.peak_memory_bytes or 0)}")
+    ranks = recipe.profile.ranks_per_node
+    together = f", the {ranks} ranks together" if ranks > 1 else ""
+    lines.append(f"  peak memory (main + workers{together}, PSS): {format_bytes(m.peak_memory_bytes or 0)}")
     scope = f"a seeded subset of {sub.measured} of {sub.length} samples, extrapolated" if sub.extrapolated \
         else f"all {sub.length} samples"
     if recipe.profile.dataset.get("stream"):

@@ -99,7 +99,7 @@ def _rows(p: Profile) -> list[tuple[str, str]]:
     command = _process_command(p)
     if command:
         rows.append(("start with", command))
-    rows.append(("cache", c.cache or "none"))
+    rows.append(("cache", c.describe_cache(p.ranks_per_node)))
 
     m = p.measured
     epoch, default = _seconds(m.chosen.epoch_seconds), _seconds(m.default.epoch_seconds)
@@ -120,7 +120,8 @@ def _rows(p: Profile) -> list[tuple[str, str]]:
     if m.is_default:
         rows.append(("verdict", "the plain default was fastest here; the recipe is the default"))
     if m.peak_memory_bytes is not None:
-        rows.append(("memory", f"peak {hardware.format_bytes(m.peak_memory_bytes)} (main + workers)"))
+        together = f", the {p.ranks_per_node} ranks together" if p.ranks_per_node > 1 else ""
+        rows.append(("memory", f"peak {hardware.format_bytes(m.peak_memory_bytes)} (main + workers{together})"))
     trials = []
     if m.trials is not None:
         trials.append(f"{m.trials} trials" + (f" ({m.failed_trials} failed)" if m.failed_trials else ""))

@@ -105,6 +105,12 @@ class Profile:
         """The hardware fingerprint this profile is filed under (computed, not trusted from disk)."""
         return _hardware.fingerprint(self.hardware)
 
+    @property
+    def ranks_per_node(self) -> int:
+        """The training processes per node this profile was tuned for (1 unless searched with several)."""
+        value = self.hardware.get("ranks_per_node")
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else 1
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name in self._FIELDS:

@@ -17,12 +17,13 @@ from autotune.tuner._space import Space, start_methods
 @dataclass
 class Limits:
     usable_cpus: int
-    memory_budget: int
+    memory_budget: int  # for the node's ranks together
     disk_free: int
     max_workers: int | None = None
     caches: tuple[str, ...] | None = None  # the user's --caches; None means every backend
     allocators: tuple[str, ...] | None = None
     stateful: bool = False  # per-epoch state that persistent workers would freeze
+    ranks: int = 1  # training processes per node, each with its own memory cache
     notes: list[str] = field(default_factory=list)
 
 
@@ -44,9 +45,14 @@ def cache_choices(probe: Probe, limits: Limits) -> tuple[str | None, ...]:
     choices: list[str | None] = [None]
     for name in wanted:
         ram, disk = estimate_need(name, probe.sample_bytes, probe.length)
-        if ram > limits.memory_budget:
+        ranks = max(1, limits.ranks)
+        if ram * ranks > limits.memory_budget:
+            # Every rank holds its own memory cache of the whole dataset: N copies in the node's budget.
+            need = (f"needs ~{format_bytes(ram)} of RAM" if ranks == 1 else
+                    f"needs ~{format_bytes(ram)} of RAM in each of the node's {ranks} ranks, "
+                    f"~{format_bytes(ram * ranks)} together")
             limits.notes.append(
-                f"cache {name} left out: needs ~{format_bytes(ram)} of RAM, over the budget of "
+                f"cache {name} left out: {need}, over the budget of "
                 f"{format_bytes(limits.memory_budget)} (--max-memory)"
             )
         elif disk > limits.disk_free * 0.9:

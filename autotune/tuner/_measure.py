@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.data import Subset
 
 from autotune._loader import DeviceConsumer, Transformed, make_loader, with_transform
 from autotune.config import LoaderConfig
@@ -58,6 +59,22 @@ class Plan:
     # A stream (IterableDataset): each epoch reads its first len(indices) samples, in whole batches, in the
     # stream's own order (no shuffle, no sampler, no cache); ``indices`` only counts them.
     stream: bool = False
+    # With several ranks per node: the subset a cache holds and the dataset length it stands for, every
+    # rank's shard together, since the factory caches the whole dataset (once per node on disk, once per
+    # rank in memory) and each rank reads its shard of it. None: this plan's own indices and length.
+    cache_indices: list[int] | None = None
+    cache_length: int | None = None
+
+    def cached(self) -> tuple[list[int], int]:
+        """The indices a cache built by this trial holds, and the length its build is scaled to."""
+        if self.cache_indices is None:
+            return self.indices, self.length
+        return self.cache_indices, self.cache_length or self.length
+
+    @property
+    def shares_cache(self) -> bool:
+        """Whether the ranks of one candidate share a disk cache (built once, in one folder)."""
+        return self.cache_indices is not None
 
     def stream_batches(self, batch_size: int) -> int | None:
         """The batches an epoch of a stream is measured over (None for a map-style dataset)."""
@@ -72,14 +89,23 @@ def _consumer(workload: Workload, config: LoaderConfig) -> Callable[[Any], Any]:
     return workload.train_step if workload.train_step is not None else DeviceConsumer(config.pin_memory)
 
 
-def _source(workload: Workload, config: LoaderConfig,
-            plan: Plan) -> tuple[Any, float, Callable[..., Any] | None, tuple[float, int] | None]:
-    """The dataset the loader reads, the seconds spent building its cache (on the subset), the collate,
-    and the build of a few samples that splits start-up from the per-sample cost (None: not measured)."""
+@dataclass
+class Source:
+    """What a trial's loader reads, and what preparing it cost."""
+
+    dataset: Any
+    collate_fn: Callable[..., Any] | None = None
+    build_seconds: float = 0.0  # getting the cache ready on the subset: building it, or waiting for its builder
+    build_head: tuple[float, int] | None = None  # a build of a few samples: splits start-up from per-sample cost
+    cache: Any = None  # the cache read (its origin says whether this process built it)
+
+
+def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
+    """The dataset the loader reads, and the cache build (on the subset) that preparing it took."""
     if plan.stream:
-        return with_transform(workload.dataset, workload.transform, stream=True), 0.0, workload.collate_fn, None
+        return Source(with_transform(workload.dataset, workload.transform, stream=True), workload.collate_fn)
     if config.cache is None:
-        return Transformed(workload.dataset, workload.transform, plan.indices), 0.0, workload.collate_fn, None
+        return Source(Transformed(workload.dataset, workload.transform, plan.indices), workload.collate_fn)
     if config.cache_fill == "first_epoch" and config.cache == "memory":
         from autotune.caches._fill import FirstEpochCache, filling_source
 
@@ -87,29 +113,47 @@ def _source(workload: Workload, config: LoaderConfig,
         cache = FirstEpochCache(workload.dataset, plan.indices)  # filled by the first epoch itself
         build_seconds = time.perf_counter() - start
         dataset, collate_fn = filling_source(cache, workload.transform, workload.collate_fn)
-        return dataset, build_seconds, collate_fn, None
-    from autotune import caches  # the cache family is only needed by caching candidates
-
-    backend = caches.get_backend(config.cache)
+        return Source(dataset, collate_fn, build_seconds)
     # The runner gives each trial its own folder and removes it afterwards, even when it kills the trial.
     root = plan.cache_root or tempfile.mkdtemp(prefix="autotune-trial-")
     _hold_trial_folder(root)
-    manifest = {"dataset": workload.fingerprint, "trial": True}
+    indices, length = plan.cached()
     head = None
-    if len(plan.indices) < plan.length and len(plan.indices) > 4 * _BUILD_HEAD:
+    if len(indices) < length and len(indices) > 4 * _BUILD_HEAD:
         # A build of a few samples first: its start-up is paid once by the whole build (tuner/_predict.py).
         start = time.perf_counter()
-        backend.build(workload.dataset, plan.indices[:_BUILD_HEAD], os.path.join(root, config.cache + "-head"),
-                      manifest=manifest, progress=False, workers=plan.build_workers)
+        _build(workload, config, plan, root, indices[:_BUILD_HEAD], "head")
         head = (time.perf_counter() - start, _BUILD_HEAD)
     start = time.perf_counter()
-    built = backend.build(workload.dataset, plan.indices, os.path.join(root, config.cache), manifest=manifest,
-                          progress=False, workers=plan.build_workers)
+    built = _build(workload, config, plan, root, indices, "")
     build_seconds = time.perf_counter() - start
     from autotune.caches._gather import cached_source
 
     dataset, collate_fn = cached_source(built, workload.transform, workload.collate_fn)
-    return dataset, build_seconds, collate_fn, head
+    if plan.cache_indices is not None:  # a cache of every rank's samples: this rank reads its shard
+        position = {index: k for k, index in enumerate(indices)}
+        dataset = Subset(dataset, [position[i] for i in plan.indices])
+    return Source(dataset, collate_fn, build_seconds, head, built)
+
+
+def _build(workload: Workload, config: LoaderConfig, plan: Plan, root: str, indices: list[int], part: str) -> Any:
+    """A ``config.cache`` cache of ``indices`` under the trial's folder ``root``.
+
+    Several ranks of one candidate share the folder: a disk cache goes through ``open_or_build`` and its
+    build lock, as the factory's does, so one rank builds it and the others wait for it and open it
+    (the wait is part of their run, as in a torchrun job); a memory cache is built by every rank, each
+    holding its own copy, as each rank's factory does. Alone, the trial builds into its own folder."""
+    from autotune import caches
+
+    assert config.cache is not None
+    name = f"{config.cache}-{part}" if part else config.cache
+    if plan.shares_cache and config.cache != "memory":
+        manifest = {"key": f"trial-{part}" if part else "trial", "dataset": workload.fingerprint, "trial": True}
+        return caches.open_or_build(config.cache, workload.dataset, root=root, manifest=manifest, indices=indices,
+                                    progress=False, workers=plan.build_workers)
+    manifest = {"dataset": workload.fingerprint, "trial": True}
+    return caches.get_backend(config.cache).build(workload.dataset, indices, os.path.join(root, name),
+                                                  manifest=manifest, progress=False, workers=plan.build_workers)
 
 
 _BUILD_HEAD = 16  # samples in the build that measures a build's start-up
@@ -218,7 +262,9 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     applied = apply_at_runtime(config.process_settings())
     evictions = [_evict(plan)]  # before the cache build too: it reads the source files
     fixed = _factory_fixed_seconds(workload, config, plan)
-    dataset, build_seconds, collate_fn, build_head = _source(workload, config, plan)
+    source = _source(workload, config, plan)
+    dataset, collate_fn = source.dataset, source.collate_fn
+    build_seconds, build_head = source.build_seconds, source.build_head
     if config.cache and config.cache_fill == "first_epoch":
         fixed, build_seconds = fixed + build_seconds, 0.0  # the schema's head: read once, whatever the length
     generator = torch.Generator().manual_seed(plan.seed)
@@ -235,7 +281,9 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
 
     bound = plan.stream_batches(workload.batch_size)
     batches = len(loader) if bound is None else bound
-    build_full = fixed + build_seconds * plan.length / n
+    cached_indices, build_length = plan.cached()  # what a cache build covered and stands for
+    build_samples = len(cached_indices)
+    build_full = fixed + build_seconds * build_length / build_samples
     restarts = 1 if config.persistent_workers else workload.epochs  # worker start-up paid per epoch
 
     def progress(epoch: int) -> Callable[[int, float, float], None]:
@@ -272,7 +320,12 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
         n = length = min(n, first.batches * workload.batch_size)
     prediction = predict(first=first, warm=warm, build_seconds=build_seconds, measured_samples=n,
                          length=length, batch_size=workload.batch_size, epochs=workload.epochs,
-                         build_fixed_seconds=fixed, build_head=build_head)
+                         build_fixed_seconds=fixed, build_head=build_head,
+                         build_samples=build_samples, build_length=build_length)
+    cache = source.cache  # its origin: built in this process, or waited for (opened from) another rank's build
+    builder = (getattr(cache, "manifest", None) or {}).get("builder", {}).get("id")
     return Measurement(prediction=prediction, epochs=tuple(timings), measured_samples=n, peak_memory_bytes=peak,
                        build_seconds_subset=build_seconds, eviction=evictions[0],
-                       process_applied=tuple(applied.applied), process_not_applied=tuple(applied.not_applied))
+                       process_applied=tuple(applied.applied), process_not_applied=tuple(applied.not_applied),
+                       cache_origins=(cache.origin,) if cache is not None else (),
+                       cache_builders=(builder,) if builder else ())

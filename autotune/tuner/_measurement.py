@@ -38,6 +38,10 @@ class Measurement:
     process_not_applied: tuple[str, ...] = ()  # and the ones that could not be, with the reason
     ranks: tuple[float, ...] = ()  # every rank's predicted total, when ranks ran together (``slowest_rank``)
     runs: tuple[float, ...] = ()  # every run's predicted total, when this is their median (``median``)
+    # Where each rank's cache came from ("built" in that process, "waited" for or "reused" from another
+    # rank's build of a disk cache its ranks share) and the id of the build it read; () without a cache.
+    cache_origins: tuple[str, ...] = ()
+    cache_builders: tuple[str, ...] = ()
 
     @property
     def total_seconds(self) -> float:
@@ -74,7 +78,9 @@ class Measurement:
         slowest = max(results, key=lambda r: r.total_seconds)
         return replace(slowest, peak_memory_bytes=sum(r.peak_memory_bytes for r in results),
                        measured_samples=sum(r.measured_samples for r in results),
-                       ranks=tuple(r.total_seconds for r in results))
+                       ranks=tuple(r.total_seconds for r in results),
+                       cache_origins=tuple(o for r in results for o in r.cache_origins),
+                       cache_builders=tuple(b for r in results for b in r.cache_builders))
 
     @classmethod
     def median(cls, results: Sequence[Measurement]) -> Measurement:

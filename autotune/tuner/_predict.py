@@ -93,13 +93,18 @@ def predict(
     epochs: int,
     build_fixed_seconds: float = 0.0,
     build_head: tuple[float, int] | None = None,
+    build_samples: int | None = None,
+    build_length: int | None = None,
 ) -> Prediction:
     """The whole-run prediction: build (its fixed part, plus the subset's build scaled by samples) +
-    first epoch + (epochs-1) warm epochs."""
+    first epoch + (epochs-1) warm epochs. ``build_samples`` and ``build_length``: what the cache build
+    covered and stands for, when not the measured samples and length (a rank reads its shard of a cache
+    of every rank's samples)."""
     full_batches = batches_in(length, batch_size)
     first_s = scale_epoch(first, full_batches)
     warm_s = scale_epoch(warm, full_batches)
-    build = build_fixed_seconds + scale_build(build_seconds, measured_samples, length, build_head)
+    build = build_fixed_seconds + scale_build(build_seconds, build_samples or measured_samples, build_length or length,
+                                              build_head)
     total = build + first_s + warm_s * (epochs - 1)
     return Prediction(
         build_seconds=build,

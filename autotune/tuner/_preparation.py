@@ -63,7 +63,7 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
     ranks = max(1, opts.ranks_per_node)
     limits = Limits(
         usable_cpus=usable_cpus(ranks),
-        memory_budget=(opts.max_memory or default_budget()) // ranks,  # each rank's share: N run at once
+        memory_budget=opts.max_memory or default_budget(),  # the node's: its N ranks' trials are checked together
         disk_free=disk_free(opts.workdir),
         # With N ranks, workers per rank may go up to the node's CPUs: the N ranks' loaders are measured
         # competing for them, so the measurement, not a division by N, decides.
@@ -71,6 +71,7 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
         caches=opts.caches,
         allocators=opts.allocators,
         stateful=stateful is not None,
+        ranks=ranks,
     )
     if stateful:
         limits.notes.append(stateful)
@@ -86,7 +87,7 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
         seed=opts.seed,
         batch_timeout=opts.trial_timeout or max(60.0, 20 * trial_seconds),
         cache_root=str(Path(opts.workdir) / "cache" / "trials"),
-        build_workers=build_workers(limits.usable_cpus),
+        build_workers=build_workers(usable_cpus(1)),  # as the factory builds: with the node's CPUs, in any rank
         files=sources.files,
         cold_every_epoch=sources.cold_every_epoch,
     )
@@ -96,7 +97,9 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
     if ranks > 1:
         limits.notes.append(f"{ranks} ranks per node: each candidate runs as {ranks} processes at once, each on "
                             f"its own shard; the figure is the slowest rank's; memory and /dev/shm are shared; "
-                            f"workers per rank are tried up to the node's {limits.max_workers} CPUs")
+                            f"workers per rank are tried up to the node's {limits.max_workers} CPUs; a disk "
+                            f"cache is built once, in a folder the {ranks} ranks share, and read by all, a "
+                            f"memory cache once in every rank (counted {ranks} times in the memory budget)")
     return Setup(hw, probe, limits, space, plan, workload, probe.batch_bytes, shm_free(), trial_seconds, ranks)
 
 
@@ -137,6 +140,7 @@ def prepare_stream(spec: UserSpec, opts: Any) -> Setup:
         disk_free=disk_free(opts.workdir),
         max_workers=opts.max_workers,
         caches=("none",),
+        ranks=max(1, opts.ranks_per_node),
         allocators=opts.allocators,
     )
     limits.notes.append(

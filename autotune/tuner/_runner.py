@@ -87,7 +87,7 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict[str, Any], plan: Plan,
-                fork_fallback: bool, log_path: str | None = None) -> None:
+                fork_fallback: bool, log_path: str | None = None, together: bool = False) -> None:
     if log_path:
         # The trial's and its workers' prints (torch's worker errors, C++ aborts) go to its log, not
         # the user's terminal; file descriptors, so output from native code follows too.
@@ -112,6 +112,8 @@ def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict
         workload = _INHERITED if blob is None else pickle.loads(blob)
         assert workload is not None, "a forked trial inherits the workload the runner set"
         conn.send(("ready",))  # the give-up clock starts here, not while the dataset is unpickled
+        if together and conn.recv() != "go":
+            return  # ranks start measuring together, as a torchrun job's ranks leave their rendezvous together
         result = measure(workload, LoaderConfig.from_json(config), plan,
                          report=lambda step, value: conn.send(("progress", step, value)),
                          should_stop=conn.poll)  # the only message the search sends is "stop"
@@ -217,7 +219,6 @@ def _death_reason(exitcode: int | None) -> str:
 class _Rank:
     proc: Any
     receiver: Any
-    trial_dir: str | None
     ready: bool = False
     result: Measurement | None = None
 
@@ -225,12 +226,14 @@ class _Rank:
 def shard(plan: Plan, rank: int, ranks: int) -> Plan:
     """Rank ``rank``'s share of the plan, as ``DistributedSampler(drop_last=False)`` splits a dataset: every
     ``ranks``-th index from ``rank`` on, the list padded by wrapping so every rank reads as many samples; the
-    whole run it predicts covers ``ceil(length / ranks)`` samples."""
+    whole run it predicts covers ``ceil(length / ranks)`` samples. A cache holds every rank's samples, as
+    the factory's cache holds the whole dataset, and each rank reads its shard of it (``cache_indices``)."""
     if ranks <= 1:
         return plan
     per_rank = -(-len(plan.indices) // ranks)
     padded = (list(plan.indices) * ranks)[: per_rank * ranks]  # wraps, like DistributedSampler's padding
-    return dataclasses.replace(plan, indices=padded[rank::ranks], length=-(-plan.length // ranks))
+    return dataclasses.replace(plan, indices=padded[rank::ranks], length=-(-plan.length // ranks),
+                               cache_indices=list(plan.indices), cache_length=plan.length)
 
 
 class Runner:
@@ -273,21 +276,29 @@ class Runner:
         """
         ctx, env = self._context_for(config)
         ranks: list[_Rank] = []
+        trial_dir = None
         try:
+            if plan.cache_root:
+                # One folder for the candidate: its ranks share it, as a node's ranks share the factory's
+                # cache folder, so a disk cache is built once there (under its build lock) and read by all.
+                trial_dir = trial_folder(plan.cache_root)
+                if self.ranks > 1:
+                    from autotune.caches._trust import ensure_root
+
+                    ensure_root(trial_dir)  # tagged before any rank writes its lock there
             for r in range(self.ranks):
                 rank_plan = shard(plan, r, self.ranks)
-                trial_dir = None
-                if plan.cache_root:
-                    trial_dir = trial_folder(plan.cache_root)
+                if trial_dir:
                     rank_plan = dataclasses.replace(rank_plan, cache_root=trial_dir)
                 rank_log = log_path if r == 0 or log_path is None else f"{os.path.splitext(log_path)[0]}.rank{r}.log"
                 receiver, sender = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
                     target=_trial_main,
-                    args=(sender, self.blob, self.sys_path, config.to_json(), rank_plan, self.fork_fallback, rank_log),
+                    args=(sender, self.blob, self.sys_path, config.to_json(), rank_plan, self.fork_fallback, rank_log,
+                          self.ranks > 1),
                     name=f"autotune-trial-{r}",
                 )
-                ranks.append(_Rank(proc, receiver, trial_dir))
+                ranks.append(_Rank(proc, receiver))
                 with _environment(env):
                     proc.start()
                 sender.close()
@@ -300,8 +311,8 @@ class Runner:
                 if rank.proc.is_alive():
                     kill_tree(rank.proc.pid)
                 rank.proc.join(10)
-                if rank.trial_dir:
-                    shutil.rmtree(rank.trial_dir, ignore_errors=True)
+            if trial_dir:
+                shutil.rmtree(trial_dir, ignore_errors=True)
 
     def _watch(self, ranks: list[_Rank], timeout: float, should_prune: Callable[[int, float], bool] | None,
                give_up_after: float | None) -> Measurement:
@@ -325,6 +336,9 @@ class Runner:
                     rank.ready = True
                     if all(r.ready for r in ranks):
                         started = time.monotonic()  # the give-up clock starts once every rank is ready
+                        if len(ranks) > 1:
+                            for r in ranks:
+                                r.receiver.send("go")  # so one rank's build of a shared cache finds the others waiting
                 elif kind == "result":
                     rank.result = message[1]
                 elif kind == "error":

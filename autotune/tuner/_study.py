@@ -163,7 +163,7 @@ def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: An
     setup = setup or prepare(spec, opts)
     hw, probe, limits, space, plan = setup.hardware, setup.probe, setup.limits, setup.space, setup.plan
     trial_seconds = setup.trial_seconds
-    runner = runner or Runner(setup.workload, spec.sys_path, memory_limit=limits.memory_budget * setup.ranks,
+    runner = runner or Runner(setup.workload, spec.sys_path, memory_limit=limits.memory_budget,
                               ranks=setup.ranks)
     if plan.cache_root:
         removed = remove_leftovers(plan.cache_root)
