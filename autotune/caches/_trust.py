@@ -98,7 +98,7 @@ def ensure_root(root: Path | str | None = None) -> Path:
         # tag's temporary file and renaming it (that file is ours), another may have tagged the root and
         # put its lock beside the tag since we looked. Autotune writes the tag before anything else, so
         # entries found with the tag in place afterwards are autotune's.
-        others = [entry for entry in root.iterdir() if not entry.name.startswith(_TAG_TMP)]
+        others = [entry for entry in root.iterdir() if not entry.name.startswith(TAG_TMP_PREFIX)]
         if others and not is_tagged(root):
             raise AutotuneError(f"The cache folder {root} holds files autotune did not put there, so autotune "
                                 "will not write in it; pass cache_dir= a new or empty folder, or omit it.")
@@ -106,14 +106,14 @@ def ensure_root(root: Path | str | None = None) -> Path:
     return root
 
 
-_TAG_TMP = f".{TAG_NAME}.tmp-"
+TAG_TMP_PREFIX = f".{TAG_NAME}.tmp-"
 
 
 def _write_tag(root: Path) -> None:
-    tmp = root / f"{_TAG_TMP}{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = root / f"{TAG_TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
     tmp.write_text(TAG)
     os.replace(tmp, root / TAG_NAME)
 
 
-__all__ = ["TAG_NAME", "UntrustedCache", "check_trusted", "default_root", "ensure_root", "is_tagged",
+__all__ = ["TAG_NAME", "TAG_TMP_PREFIX", "UntrustedCache", "check_trusted", "default_root", "ensure_root", "is_tagged",
            "trust_problem"]
