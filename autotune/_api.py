@@ -18,7 +18,7 @@ from autotune.machine import _hardware as hardware
 from autotune.machine._cpus import ranks_per_node as ranks_from
 from autotune.recipe._factory import FROM_RECIPE, build_loader
 from autotune.recipe._file import Profile, RecipeFile, choose_profile
-from autotune.recipe._measured import Finalist, Measured, RunFigures, Subset
+from autotune.recipe._measured import Measured, RunFigures, Subset
 
 if TYPE_CHECKING:
     from autotune.integrations._trainer import TrainerArguments
@@ -112,8 +112,7 @@ def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
             note=outcome.note,
             notes=tuple(outcome.notes),
             has_transform=spec.transform is not None,
-            finalists=tuple(Finalist(LoaderConfig.from_json(f["config"]), tuple(f["total_seconds"]))
-                            for f in outcome.finalists),
+            finalists=tuple(outcome.finalists),
             study_name=outcome.study.get("name", ""),
             study_storage=outcome.study.get("storage", ""),
         ),

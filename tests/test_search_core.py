@@ -13,6 +13,7 @@ from autotune.config import DEFAULT, LoaderConfig
 from autotune.dataset._probe import Probe
 from autotune.dataset._userfile import UserSpec
 from autotune.errors import AutotuneError
+from autotune.recipe._measured import Finalist
 from autotune.tuner import _storage
 from autotune.tuner._candidates import Limits
 from autotune.tuner._measure import Plan, Workload
@@ -96,10 +97,10 @@ def test_a_finalist_that_fails_when_measured_again_is_dropped_not_fatal(tmp_path
     runner = FakeRunner(best_fails_again=True)
     outcome = search(_spec(), _opts(tmp_path), setup=_setup(), runner=runner)
     (best,) = runner.fail
-    assert outcome.finalists[-1] == {"config": best.to_json(), "total_seconds": []}  # shown as failed
+    assert outcome.finalists[-1] == Finalist(best, ())  # shown as failed
     assert outcome.config != best and not outcome.is_default  # the next finalist, measured again, won
     assert outcome.config.cache == "memory" and outcome.config.num_workers
-    assert outcome.finalists[0]["config"] == outcome.config.to_json() and outcome.finalists[0]["total_seconds"]
+    assert outcome.finalists[0].config == outcome.config and outcome.finalists[0].total_seconds
 
 
 def test_the_default_timing_out_when_measured_again_keeps_its_loop_figure(tmp_path):

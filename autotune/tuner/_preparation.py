@@ -4,9 +4,12 @@ space, the measured subset, the files to evict, the batch size in bytes, and wha
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from torch.utils.data import default_collate
 
 from autotune.dataset._probe import Probe, probe_dataset, probe_indices, probe_stream
 from autotune.dataset._statefulness import epoch_state_warning
@@ -36,13 +39,36 @@ class Setup:
     ranks: int = 1  # training processes per node, measured together (memory budget and /dev/shm shared)
 
 
-def subset_size(probe: Probe, batch_size: int, seconds: float) -> int:
-    """About ``seconds`` of default loading, in whole batches, at least four batches, at most everything."""
-    wanted = int(seconds / max(probe.sample_seconds, 1e-6))
+def subset_size(probe: Probe, batch_size: int, seconds: float, step_seconds: float = 0.0) -> int:
+    """About ``seconds`` of default loading and training (``step_seconds`` per batch), in whole batches, at
+    least four batches, at most everything."""
+    wanted = int(seconds / max(probe.sample_seconds + step_seconds / batch_size, 1e-6))
     count = max(min(probe.length, 4 * batch_size), min(probe.length, wanted))
     if count < probe.length:
         count = max(batch_size, count // batch_size * batch_size)
     return count
+
+
+def step_seconds(spec: UserSpec, samples: int = 8) -> float:
+    """The user's ``train_step`` on one batch of the first ``samples`` samples (the faster of two calls, the
+    first warming it up); 0 without one, or when it fails here (its trials report that). A trial runs
+    the step on every batch, so a subset sized by loading alone would leave a compute-bound search
+    (60 ms a step) room for one trial, the default's: the subset is sized by both."""
+    if spec.train_step is None:
+        return 0.0
+    try:
+        ready = [spec.dataset[i] for i in range(min(samples, len(spec.dataset)))]
+        if spec.transform is not None:
+            ready = [spec.transform(s) for s in ready]
+        batch = (spec.collate_fn or default_collate)(ready)
+        times = []
+        for _ in range(2):
+            start = time.perf_counter()
+            spec.train_step(batch)
+            times.append(time.perf_counter() - start)
+    except Exception:
+        return 0.0
+    return min(times)
 
 
 def stream_subset(probe: Probe, batch_size: int, seconds: float) -> int:
@@ -77,7 +103,7 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
         limits.notes.append(stateful)
     space = build_space(probe, limits)
     trial_seconds = opts.trial_seconds or min(10.0, max(1.0, opts.budget / 50))
-    count = subset_size(probe, spec.batch_size, trial_seconds)
+    count = subset_size(probe, spec.batch_size, trial_seconds, step_seconds(spec))
     indices = list(range(probe.length)) if count >= probe.length else probe_indices(probe.length, count, opts.seed)
     sources = source_files(spec.dataset, indices, probe.length, opts.data_dir)
     _note_sources(sources, limits)

@@ -24,6 +24,7 @@ from autotune.dataset._userfile import UserSpec
 from autotune.errors import AutotuneError, MeasurementError
 from autotune.machine._memory import format_bytes
 from autotune.machine._shm import shm_rule
+from autotune.recipe._measured import Finalist
 from autotune.tuner import _storage
 from autotune.tuner._candidates import Limits
 from autotune.tuner._lifecycle import remove_leftovers, stop_on_signals
@@ -75,7 +76,7 @@ class Outcome:
     probe: Probe
     hardware: dict[str, Any]
     notes: list[str] = field(default_factory=list)
-    finalists: list[dict[str, Any]] = field(default_factory=list)
+    finalists: list[Finalist] = field(default_factory=list)  # by median, then those that failed (no runs)
     study: dict[str, str] = field(default_factory=dict)  # name and storage URL, for report and optuna-dashboard
 
 
@@ -519,10 +520,10 @@ def _outcome(study: optuna.Study, runs: dict[LoaderConfig, list[Measurement]],
         hardware=hw,
         notes=notes,
         finalists=[
-            {"config": c.to_json(), "total_seconds": [f.total_seconds for f in runs.get(c, [])]}
+            Finalist(c, tuple(f.total_seconds for f in runs.get(c, [])))
             for c in sorted((c for c in runs if runs[c]), key=lambda c: medians[c].total_seconds)
             [:max(opts.finalists, 1) + 1]
-        ] + [{"config": c.to_json(), "total_seconds": []} for c in failed_finalists],  # failed when measured again
+        ] + [Finalist(c, ()) for c in failed_finalists],  # failed when measured again
         study={"name": study.study_name, "storage": _storage_url(opts)},
     )
 

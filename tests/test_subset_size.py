@@ -1,0 +1,61 @@
+"""How many samples a trial measures: about the trial's seconds of loading and training, whole batches."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import Dataset
+
+from autotune.dataset._probe import Probe
+from autotune.dataset._userfile import UserSpec
+from autotune.tuner._preparation import step_seconds, subset_size
+
+
+def probe(length: int, sample_seconds: float) -> Probe:
+    return Probe(length=length, sample_seconds=sample_seconds, sample_bytes=16.0, batch_bytes=128,
+                 deterministic=True, determinism_note="", fingerprint="f")
+
+
+class Rows(Dataset):
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        return torch.full((3,), float(i))
+
+
+class RecordingStep:
+    def __init__(self):
+        self.batches = []
+
+    def __call__(self, batch):
+        self.batches.append(batch.clone())
+
+
+class FailingStep:
+    def __call__(self, batch):
+        raise RuntimeError("needs a GPU")
+
+
+def test_loading_alone_sizes_the_subset_without_a_train_step():
+    assert subset_size(probe(512, 0.001), 8, 1.0) == 512  # 1000 samples' worth: everything
+    assert subset_size(probe(5000, 0.001), 8, 1.0) == 1000
+    assert subset_size(probe(5000, 0.01), 64, 1.0) == 256  # at least four batches
+
+
+def test_a_slow_step_shrinks_the_subset_so_several_trials_fit():
+    # 1 ms to load a sample, 60 ms a step of 8: 8.5 ms a sample, so a 1 s trial reads 117 -> 14 batches of 8.
+    assert subset_size(probe(512, 0.001), 8, 1.0, step_seconds=0.060) == 112
+    assert subset_size(probe(512, 0.001), 8, 1.0, step_seconds=10.0) == 32  # never under four batches
+
+
+def test_the_step_is_timed_on_a_collated_batch_of_the_first_samples():
+    step = RecordingStep()
+    seconds = step_seconds(UserSpec(dataset=Rows(), source="rows.py", batch_size=4, train_step=step))
+    assert seconds >= 0.0 and len(step.batches) == 2  # a warm-up call, then the one timed against it
+    want = torch.stack([torch.full((3,), float(i)) for i in range(8)])
+    assert all(torch.equal(b, want) for b in step.batches)
+
+
+def test_no_step_or_a_failing_one_counts_as_free():
+    assert step_seconds(UserSpec(dataset=Rows(), source="rows.py")) == 0.0
+    assert step_seconds(UserSpec(dataset=Rows(), source="rows.py", train_step=FailingStep())) == 0.0
