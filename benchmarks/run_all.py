@@ -8,7 +8,7 @@ Minutes are those of the 2-CPU machine the README quotes (each result's ``wall_s
                         long as autotune's search                                            (~1.5 min)
 3. cpu_lstm.py          1000 reviews, 3 epochs; 60 s search; 2 rows x 3 repeats               (~2 min)
 4. accelerator.py       512 JPEGs, batch 8, 8 epochs (512 steps a run); compute 5/20/60 ms per batch;
-                        30 s search and a 9-point grid each; 3 rows x 2 repeats  (~10 min, estimated)
+                        30 s search and a 9-point grid each; 3 rows x 2 repeats  (~9 min)
 5. allocators.py        3 loader paths x 4 allocators x 3 fresh processes                     (~3 min)
 6. process_settings.py  5 searches of 60 s; 2 recipes x 3 repeats                             (~4 min)
 7. cache_memory.py      800 samples in the memory cache, 0 and 4 forked workers, PSS           (~1 min)

@@ -152,6 +152,13 @@ def test_a_killed_search_takes_its_hung_trial_along_and_leaves_a_folder_that_cle
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     trials = tmp_path / "w" / "cache" / "trials"
+    _list_and_clear_the_one_leftover(tmp_path, trials, capsys)
+
+
+
+def _list_and_clear_the_one_leftover(tmp_path, trials, capsys):
+    """A killed search left exactly one trial folder: `cache list` calls it a leftover (never foreign) and
+    `cache clear` removes it."""
     assert len(leftover_trials(trials)) == 1
     where = ["--dir", str(tmp_path / "caches"), "--workdir", str(tmp_path / "w")]
     assert main(["cache", "list", *where]) == 0
@@ -160,7 +167,6 @@ def test_a_killed_search_takes_its_hung_trial_along_and_leaves_a_folder_that_cle
     assert main(["cache", "clear", *where]) == 0
     assert f"Removed 1 cache from {trials}." in capsys.readouterr().out
     assert list(trials.iterdir()) == []
-
 
 def test_leftovers_are_only_dead_searches_folders(tmp_path):
     mine = Path(trial_folder(tmp_path))  # this process is alive: not a leftover
@@ -232,11 +238,4 @@ def test_a_search_killed_mid_build_of_a_cache_its_ranks_share_leaves_one_folder_
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert len(leftover_trials(trials)) == 1
-    where = ["--dir", str(tmp_path / "caches"), "--workdir", str(tmp_path / "w")]
-    assert main(["cache", "list", *where]) == 0
-    listed = capsys.readouterr().out
-    assert listed.count("trial leftover") == 1 and "foreign" not in listed
-    assert main(["cache", "clear", *where]) == 0
-    assert f"Removed 1 cache from {trials}." in capsys.readouterr().out
-    assert list(trials.iterdir()) == []
+    _list_and_clear_the_one_leftover(tmp_path, trials, capsys)

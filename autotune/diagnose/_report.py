@@ -25,8 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.config import DEFAULT
+from autotune._duration import format_seconds
+from autotune.config import DEFAULT, LoaderConfig
 from autotune.errors import AutotuneError, MeasurementError
+from autotune.machine import _hardware as hardware
+from autotune.machine._memory import format_bytes
+from autotune.recipe._file import RecipeFile, choose_profile
 from autotune.recipe._measured import Measured
 from autotune.tuner._measurement import Measurement
 
@@ -222,7 +226,6 @@ def _plot_memory(rows: list[TrialRow]) -> bytes:
 
 
 def _label(config: dict[str, Any]) -> str:
-    from autotune.config import LoaderConfig
 
     text = LoaderConfig.from_json(config).describe()
     return text.replace("persistent_workers", "persistent").replace("prefetch_factor", "prefetch")
@@ -271,7 +274,6 @@ def _plot_finalists(profile: Any) -> bytes:
 
 
 def _cold_warm_rows(profile: Any, rows: list[TrialRow] | None) -> list[tuple[str, float, float, str]]:
-    from autotune.config import LoaderConfig
 
     m = profile.measured
     chosen = profile.config
@@ -338,7 +340,6 @@ def _section(sid: str, title: str, body: str) -> str:
 
 
 def _hardware_pairs(hw: dict[str, Any]) -> list[tuple[str, Any]]:
-    from autotune.machine import _hardware as hardware
 
     pairs = [("summary", hardware.describe(hw))]
     for key in ("cpu_model", "usable_cpus", "logical_cpus", "memory_bytes", "gpus", "torch", "cuda", "python",
@@ -357,10 +358,6 @@ def build_report(recipe_path: str | os.PathLike[str], output: str | os.PathLike[
                  png_dir: str | os.PathLike[str] | None = None) -> ReportResult:
     """Write the HTML report for this machine's profile in ``recipe_path`` (the nearest one when none
     was tuned here), and the PNGs under ``png_dir`` when given."""
-    from autotune._duration import format_seconds
-    from autotune.machine import _hardware as hardware
-    from autotune.machine._memory import format_bytes
-    from autotune.recipe._file import RecipeFile, choose_profile
 
     rf = RecipeFile.read(recipe_path)
     profile, changes = choose_profile(rf, hardware.collect(), on_mismatch="search")

@@ -33,8 +33,16 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+import autotune
+from autotune._api import load
+from autotune._loader import DeviceConsumer
+from autotune.dataset._determinism import check_deterministic
+from autotune.dataset._userfile import load_user_file, require_map_style
 from autotune.errors import AutotuneError, RecipeError
 from autotune.machine import _evict
+from autotune.machine._cpus import build_workers
+from autotune.recipe._factory import cache_location, cache_manifest
+from autotune.recipe._file import RecipeFile, _locked
 from autotune.tuner._measure import timed_epoch
 from autotune.tuner._predict import EpochTiming, batches_in, scale_epoch
 
@@ -117,7 +125,6 @@ def _timed_epoch(loader: Any, consume: Callable[[Any], Any]) -> EpochTiming:
 
 
 def _cache_files(profile: Any, dataset: Any) -> set[str]:
-    from autotune.recipe._factory import cache_location
 
     path = cache_location(profile, dataset)
     if path is None or not os.path.exists(path):
@@ -182,7 +189,6 @@ def validate(recipe: Any, dataset: Any, *, transform: Callable[..., Any] | None 
     if train_step is not None:
         consume = train_step
     else:
-        from autotune._loader import DeviceConsumer
 
         consume = DeviceConsumer(bool(loader.pin_memory))
     timings = [_timed_epoch(loader, consume) for _ in range(epochs)]
@@ -243,7 +249,6 @@ def _compare(profile: Any, on_this_machine: bool, timings: list[EpochTiming], bu
 def store(recipe_path: str | os.PathLike[str], validation: Validation) -> Path:
     """Write ``validation`` into its profile's ``measured["validation"]`` in the recipe file, atomically,
     under the recipe file's lock; the other profiles and fields are kept."""
-    from autotune.recipe._file import RecipeFile, _locked
 
     path = Path(recipe_path)
     with _locked(path):
@@ -300,8 +305,6 @@ def bare_decode(dataset: Any, workers: int, files: set[str]) -> float:
 
 def _build_parts(recipe_path: str, dataset: Any, profile: Any) -> dict[str, float]:
     """The fixed steps of the factory's build, each timed again on their own (the files now warm)."""
-    from autotune._api import load
-    from autotune.dataset._determinism import check_deterministic
 
     parts: dict[str, float] = {}
     start = time.perf_counter()
@@ -316,7 +319,6 @@ def _build_parts(recipe_path: str, dataset: Any, profile: Any) -> dict[str, floa
         check_deterministic(dataset)
         parts["determinism_check"] = time.perf_counter() - start
         if profile.config.cache != "memory":
-            from autotune.recipe._factory import cache_manifest
 
             start = time.perf_counter()
             cache_manifest(dataset, (profile.dataset or {}).get("data_dir") or None)
@@ -328,10 +330,6 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
     """The fresh process's run (see the module docstring); returns what it measured, as JSON-able data."""
     import warnings
 
-    import autotune
-    from autotune._loader import DeviceConsumer
-    from autotune.dataset._userfile import load_user_file, require_map_style
-    from autotune.machine._cpus import build_workers
 
     ready_wall = time.time()
     spec = load_user_file(payload["target"], batch_size=payload["batch_size"])

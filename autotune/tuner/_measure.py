@@ -18,9 +18,17 @@ from typing import Any
 import torch
 from torch.utils.data import Subset
 
+from autotune import caches
 from autotune._loader import DeviceConsumer, Transformed, make_loader, with_transform
+from autotune.caches._fill import FirstEpochCache, filling_source
+from autotune.caches._gather import cached_source
+from autotune.caches._key import dataset_key
+from autotune.caches._lock import BuildLock
+from autotune.caches._registry import TRIAL_LOCK
+from autotune.caches._trust import check_trusted
 from autotune.config import LoaderConfig
-from autotune.machine._evict import EvictionReport
+from autotune.dataset._determinism import check_deterministic
+from autotune.machine._evict import EvictionReport, evict
 from autotune.machine._memory import tree_pss
 from autotune.recipe._process import apply_at_runtime
 from autotune.tuner._measurement import Measurement
@@ -107,7 +115,6 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
     if config.cache is None:
         return Source(Transformed(workload.dataset, workload.transform, plan.indices), workload.collate_fn)
     if config.cache_fill == "first_epoch" and config.cache == "memory":
-        from autotune.caches._fill import FirstEpochCache, filling_source
 
         start = time.perf_counter()
         cache = FirstEpochCache(workload.dataset, plan.indices)  # filled by the first epoch itself
@@ -127,7 +134,6 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
     start = time.perf_counter()
     built = _build(workload, config, plan, root, indices, "")
     build_seconds = time.perf_counter() - start
-    from autotune.caches._gather import cached_source
 
     dataset, collate_fn = cached_source(built, workload.transform, workload.collate_fn)
     if plan.cache_indices is not None:  # a cache of every rank's samples: this rank reads its shard
@@ -143,7 +149,6 @@ def _build(workload: Workload, config: LoaderConfig, plan: Plan, root: str, indi
     build lock, as the factory's does, so one rank builds it and the others wait for it and open it
     (the wait is part of their run, as in a torchrun job); a memory cache is built by every rank, each
     holding its own copy, as each rank's factory does. Alone, the trial builds into its own folder."""
-    from autotune import caches
 
     assert config.cache is not None
     name = f"{config.cache}-{part}" if part else config.cache
@@ -165,12 +170,10 @@ def _factory_fixed_seconds(workload: Workload, config: LoaderConfig, plan: Plan)
     disk cache, the cache key (``caches._key``: the source files listed, probe samples digested)."""
     if config.cache is None or plan.stream:
         return 0.0
-    from autotune.dataset._determinism import check_deterministic
 
     start = time.perf_counter()
     check_deterministic(workload.dataset)
     if config.cache != "memory":
-        from autotune.caches._key import dataset_key
 
         dataset_key(workload.dataset)
     return time.perf_counter() - start
@@ -184,9 +187,6 @@ def _hold_trial_folder(root: str) -> None:
     holding it belong to this user and nobody else can write them, else UntrustedCache. The trial
     holds ``.trial.lock`` there while it lives, so `autotune cache clear` leaves a running trial's
     cache alone and removes a dead one's."""
-    from autotune.caches._lock import BuildLock
-    from autotune.caches._registry import TRIAL_LOCK
-    from autotune.caches._trust import check_trusted
 
     check_trusted(root, "Trial cache folder")
     parent = os.path.dirname(os.path.abspath(root))
@@ -208,7 +208,6 @@ class TrialStopped(Exception):
 def _evict(plan: Plan) -> EvictionReport | None:
     if not plan.files:
         return None
-    from autotune.machine._evict import evict
 
     return evict(plan.files)
 
