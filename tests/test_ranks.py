@@ -184,7 +184,7 @@ def test_two_ranks_each_build_their_own_memory_cache_of_every_rank_samples(tmp_p
     plan = Plan(indices=list(range(40)), length=48, batch_timeout=60, cache_root=str(tmp_path / "trials"),
                 epochs_measured=1)
     result = runner.run(LoaderConfig(cache="memory"), plan, timeout=240)
-    assert result.cache_origins == ("built", "built") and len(set(result.cache_builders)) == 2  # two builds  # one copy in each rank, as each rank's factory holds
+    assert result.cache_origins == ("built", "built") and len(set(result.cache_builders)) == 2  # one copy in each rank, as each rank's factory holds
     read = sorted(sorted({int(i) for i in f.read_text().split()}) for f in seen.iterdir())
     assert read == sorted(sorted(set(shard(plan, r, 2).indices)) for r in range(2))
     assert list((tmp_path / "trials").iterdir()) == []

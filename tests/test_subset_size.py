@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset
 
-from autotune.dataset._probe import Probe
+from autotune.dataset._probe import Probe, probe_dataset, time_step
 from autotune.dataset._userfile import UserSpec
-from autotune.tuner._preparation import step_seconds, subset_size
+from autotune.tuner._preparation import subset_size
 
 
 def probe(length: int, sample_seconds: float) -> Probe:
@@ -48,14 +48,18 @@ def test_a_slow_step_shrinks_the_subset_so_several_trials_fit():
     assert subset_size(probe(512, 0.001), 8, 1.0, step_seconds=10.0) == 32  # never under four batches
 
 
-def test_the_step_is_timed_on_a_collated_batch_of_the_first_samples():
+def test_the_probe_times_the_step_on_the_batch_it_collated():
     step = RecordingStep()
-    seconds = step_seconds(UserSpec(dataset=Rows(), source="rows.py", batch_size=4, train_step=step))
-    assert seconds >= 0.0 and len(step.batches) == 2  # a warm-up call, then the one timed against it
-    want = torch.stack([torch.full((3,), float(i)) for i in range(8)])
-    assert all(torch.equal(b, want) for b in step.batches)
+    probe_ = probe_dataset(UserSpec(dataset=Rows(), source="rows.py", batch_size=4, train_step=step))
+    assert probe_.step_seconds >= 0.0 and len(step.batches) == 2  # a warm-up call, then the one timed against it
+    rows = sorted(int(b[0]) for b in step.batches[0])  # the probe's eight seeded samples, collated once
+    assert len(rows) == 8 and len(set(rows)) == 8
+    assert all(torch.equal(b, torch.stack([torch.full((3,), float(i)) for i in b[:, 0].tolist()])) for b in step.batches)
+    assert torch.equal(step.batches[0], step.batches[1])
 
 
 def test_no_step_or_a_failing_one_counts_as_free():
-    assert step_seconds(UserSpec(dataset=Rows(), source="rows.py")) == 0.0
-    assert step_seconds(UserSpec(dataset=Rows(), source="rows.py", train_step=FailingStep())) == 0.0
+    batch = torch.zeros(8, 3)
+    assert time_step(None, batch) == 0.0
+    assert time_step(FailingStep(), batch) == 0.0
+    assert probe_dataset(UserSpec(dataset=Rows(), source="rows.py")).step_seconds == 0.0

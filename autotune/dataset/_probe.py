@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from torch.utils.data import default_collate
@@ -27,6 +29,7 @@ class Probe:
     fingerprint: str
     stream: bool = False  # an IterableDataset: read in its own order, a bounded number of batches per trial
     length_known: bool = True  # False: a stream without __len__ or --samples-per-epoch; length is what is measured
+    step_seconds: float = 0.0  # the user's train_step on the probed batch; 0 without one (``time_step``)
 
 
 def probe_indices(length: int, count: int, seed: int = 0) -> list[int]:
@@ -49,7 +52,8 @@ def probe_dataset(spec: UserSpec, count: int = 8, seed: int = 0) -> Probe:
         sizes.append(sample_nbytes(sample))
         ready.append(transformed)
     # What a worker puts in shared memory per batch, from the samples already read rather than a batch more.
-    per_sample = batch_bytes((spec.collate_fn or default_collate)(ready)) / len(ready)
+    batch = (spec.collate_fn or default_collate)(ready)
+    per_sample = batch_bytes(batch) / len(ready)
     deterministic, note = check_deterministic(dataset, probe=3, seed=seed)
     return Probe(
         length=length,
@@ -59,7 +63,26 @@ def probe_dataset(spec: UserSpec, count: int = 8, seed: int = 0) -> Probe:
         deterministic=deterministic,
         determinism_note=note,
         fingerprint=dataset_fingerprint(dataset, spec.source_text),
+        step_seconds=time_step(spec.train_step, batch),
     )
+
+
+def time_step(train_step: Callable[[Any], Any] | None, batch: Any) -> float:
+    """The user's ``train_step`` on one batch (the faster of two calls, the first warming it up); 0 without
+    one, or when it fails here (its trials report that). A trial runs the step on every batch, so a subset
+    sized by loading alone would leave a compute-bound search (60 ms a step) room for one trial, the
+    default's: ``tuner._preparation.subset_size`` sizes it by both."""
+    if train_step is None:
+        return 0.0
+    times = []
+    try:
+        for _ in range(2):
+            start = time.perf_counter()
+            train_step(batch)
+            times.append(time.perf_counter() - start)
+    except Exception:
+        return 0.0
+    return min(times)
 
 
 def probe_stream(spec: UserSpec, length: int | None, count: int = 8) -> Probe:

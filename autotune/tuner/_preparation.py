@@ -4,12 +4,9 @@ space, the measured subset, the files to evict, the batch size in bytes, and wha
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-
-from torch.utils.data import default_collate
 
 from autotune.dataset._probe import Probe, probe_dataset, probe_indices, probe_stream
 from autotune.dataset._statefulness import epoch_state_warning
@@ -49,28 +46,6 @@ def subset_size(probe: Probe, batch_size: int, seconds: float, step_seconds: flo
     return count
 
 
-def step_seconds(spec: UserSpec, samples: int = 8) -> float:
-    """The user's ``train_step`` on one batch of the first ``samples`` samples (the faster of two calls, the
-    first warming it up); 0 without one, or when it fails here (its trials report that). A trial runs
-    the step on every batch, so a subset sized by loading alone would leave a compute-bound search
-    (60 ms a step) room for one trial, the default's: the subset is sized by both."""
-    if spec.train_step is None:
-        return 0.0
-    try:
-        ready = [spec.dataset[i] for i in range(min(samples, len(spec.dataset)))]
-        if spec.transform is not None:
-            ready = [spec.transform(s) for s in ready]
-        batch = (spec.collate_fn or default_collate)(ready)
-        times = []
-        for _ in range(2):
-            start = time.perf_counter()
-            spec.train_step(batch)
-            times.append(time.perf_counter() - start)
-    except Exception:
-        return 0.0
-    return min(times)
-
-
 def stream_subset(probe: Probe, batch_size: int, seconds: float) -> int:
     """Samples a stream's measured epoch reads: about ``seconds`` of default loading in whole batches, at
     least four batches, at most its known length."""
@@ -103,7 +78,7 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
         limits.notes.append(stateful)
     space = build_space(probe, limits)
     trial_seconds = opts.trial_seconds or min(10.0, max(1.0, opts.budget / 50))
-    count = subset_size(probe, spec.batch_size, trial_seconds, step_seconds(spec))
+    count = subset_size(probe, spec.batch_size, trial_seconds, probe.step_seconds)
     indices = list(range(probe.length)) if count >= probe.length else probe_indices(probe.length, count, opts.seed)
     sources = source_files(spec.dataset, indices, probe.length, opts.data_dir)
     _note_sources(sources, limits)
