@@ -226,7 +226,6 @@ def _plot_memory(rows: list[TrialRow]) -> bytes:
 
 
 def _label(config: dict[str, Any]) -> str:
-
     text = LoaderConfig.from_json(config).describe()
     return text.replace("persistent_workers", "persistent").replace("prefetch_factor", "prefetch")
 
@@ -274,7 +273,6 @@ def _plot_finalists(profile: Any) -> bytes:
 
 
 def _cold_warm_rows(profile: Any, rows: list[TrialRow] | None) -> list[tuple[str, float, float, str]]:
-
     m = profile.measured
     chosen = profile.config
     out = [(_label(chosen.to_json()), m.chosen.first_epoch_seconds or 0.0, m.chosen.epoch_seconds or 0.0, "chosen")]
@@ -340,7 +338,6 @@ def _section(sid: str, title: str, body: str) -> str:
 
 
 def _hardware_pairs(hw: dict[str, Any]) -> list[tuple[str, Any]]:
-
     pairs = [("summary", hardware.describe(hw))]
     for key in ("cpu_model", "usable_cpus", "logical_cpus", "memory_bytes", "gpus", "torch", "cuda", "python",
                 "platform", "shm_bytes", "fingerprint"):

@@ -125,7 +125,6 @@ def _timed_epoch(loader: Any, consume: Callable[[Any], Any]) -> EpochTiming:
 
 
 def _cache_files(profile: Any, dataset: Any) -> set[str]:
-
     path = cache_location(profile, dataset)
     if path is None or not os.path.exists(path):
         return set()
@@ -189,7 +188,6 @@ def validate(recipe: Any, dataset: Any, *, transform: Callable[..., Any] | None 
     if train_step is not None:
         consume = train_step
     else:
-
         consume = DeviceConsumer(bool(loader.pin_memory))
     timings = [_timed_epoch(loader, consume) for _ in range(epochs)]
     settings = dict(getattr(getattr(loader, "autotune", None), "settings", {}) or {})
@@ -319,7 +317,6 @@ def _build_parts(recipe_path: str, dataset: Any, profile: Any) -> dict[str, floa
         check_deterministic(dataset)
         parts["determinism_check"] = time.perf_counter() - start
         if profile.config.cache != "memory":
-
             start = time.perf_counter()
             cache_manifest(dataset, (profile.dataset or {}).get("data_dir") or None)
             parts["cache_key"] = time.perf_counter() - start

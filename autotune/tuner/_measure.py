@@ -115,7 +115,6 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
     if config.cache is None:
         return Source(Transformed(workload.dataset, workload.transform, plan.indices), workload.collate_fn)
     if config.cache_fill == "first_epoch" and config.cache == "memory":
-
         start = time.perf_counter()
         cache = FirstEpochCache(workload.dataset, plan.indices)  # filled by the first epoch itself
         build_seconds = time.perf_counter() - start
@@ -174,7 +173,6 @@ def _factory_fixed_seconds(workload: Workload, config: LoaderConfig, plan: Plan)
     start = time.perf_counter()
     check_deterministic(workload.dataset)
     if config.cache != "memory":
-
         dataset_key(workload.dataset)
     return time.perf_counter() - start
 
