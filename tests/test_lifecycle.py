@@ -222,10 +222,13 @@ def test_a_search_killed_mid_build_of_a_cache_its_ranks_share_leaves_one_folder_
     trials = tmp_path / "w" / "cache" / "trials"
     try:
         deadline = time.monotonic() + 180
-        while not list(trials.glob("trial-*/.hdf5-*.tmp-*")):  # a build under way in the shared folder
+        while time.monotonic() < deadline:
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "no cache build started"
+            if list(trials.glob("trial-*/.hdf5-*.tmp-*")):  # a build under way in the shared folder
+                break
             time.sleep(0.2)
+        else:
+            pytest.fail("no cache build started")
         time.sleep(1.0)
         tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         server = [p for p in psutil.Process(proc.pid).children() if any("forkserver" in c for c in p.cmdline())]

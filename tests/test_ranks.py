@@ -153,41 +153,39 @@ def test_ranks_may_try_up_to_the_nodes_cpus_per_rank(tmp_path):
     assert any(f"up to the node's {usable_cpus(1)} CPUs" in n for n in two.limits.notes)
 
 
+def _two_ranks_reading_exactly(tmp_path, length, measured, config):
+    """One candidate run as 2 ranks on the first ``measured`` of ``length`` samples: every sample a rank's
+    step sees is checked bit for bit against dataset[i] (CheckExact), each rank read exactly its shard,
+    and the shared trial folder is gone afterwards. Returns the combined Measurement."""
+    dataset, seen = Exact(length), tmp_path / "seen"
+    seen.mkdir()
+    workload = Workload(dataset=dataset, batch_size=8, epochs=1, train_step=CheckExact(dataset, str(seen)))
+    runner = Runner(workload, [str(Path(__file__).parent)], ranks=2)
+    plan = Plan(indices=list(range(measured)), length=length, batch_timeout=60,
+                cache_root=str(tmp_path / "trials"), epochs_measured=1)
+    result = runner.run(config, plan, timeout=240, log_path=str(tmp_path / "trial-0.log"))
+    read = sorted(sorted({int(i) for i in f.read_text().split()}) for f in seen.iterdir())
+    assert read == sorted(sorted(set(shard(plan, r, 2).indices)) for r in range(2))  # each rank its shard
+    assert list((tmp_path / "trials").iterdir()) == []
+    return result
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend", ["pickle", "hdf5", "lmdb"])
 def test_two_ranks_build_one_shared_disk_cache_and_read_it_exactly(tmp_path, backend):
     """The ranks of one candidate share its folder: the disk cache (and the few-sample build that measures
     a build's start-up) is built once under the factory's build lock; each rank reads its shard of it,
     every sample bit for bit dataset[i]; the folder is gone afterwards."""
-    dataset, seen = Exact(96), tmp_path / "seen"
-    seen.mkdir()
-    workload = Workload(dataset=dataset, batch_size=8, epochs=1, train_step=CheckExact(dataset, str(seen)))
-    runner = Runner(workload, [str(Path(__file__).parent)], ranks=2)
-    plan = Plan(indices=list(range(80)), length=96, batch_timeout=60, cache_root=str(tmp_path / "trials"),
-                epochs_measured=1)
-    result = runner.run(LoaderConfig(num_workers=1, prefetch_factor=2, cache=backend), plan, timeout=240,
-                        log_path=str(tmp_path / "trial-0.log"))
+    result = _two_ranks_reading_exactly(tmp_path, 96, 80, LoaderConfig(num_workers=1, prefetch_factor=2,
+                                                                       cache=backend))
     origins = result.cache_origins
-    assert origins.count("built") == 1 and set(origins) <= {"built", "waited", "reused"}, origins
+    assert origins.count("built") == 1 and set(origins).issubset({"built", "waited", "reused"}), origins
     assert len(result.cache_builders) == 2 and len(set(result.cache_builders)) == 1  # both read the one build
-    read = sorted(sorted({int(i) for i in f.read_text().split()}) for f in seen.iterdir())
-    assert read == sorted(sorted(set(shard(plan, r, 2).indices)) for r in range(2))  # each rank its shard
-    assert list((tmp_path / "trials").iterdir()) == []
 
 
 @pytest.mark.timeout(300)
 def test_two_ranks_each_build_their_own_memory_cache_of_every_rank_samples(tmp_path):
-    dataset, seen = Exact(48), tmp_path / "seen"
-    seen.mkdir()
-    workload = Workload(dataset=dataset, batch_size=8, epochs=1, train_step=CheckExact(dataset, str(seen)))
-    runner = Runner(workload, [str(Path(__file__).parent)], ranks=2)
-    plan = Plan(indices=list(range(40)), length=48, batch_timeout=60, cache_root=str(tmp_path / "trials"),
-                epochs_measured=1)
-    result = runner.run(LoaderConfig(cache="memory"), plan, timeout=240)
+    result = _two_ranks_reading_exactly(tmp_path, 48, 40, LoaderConfig(cache="memory"))
     assert result.cache_origins == ("built", "built") and len(set(result.cache_builders)) == 2  # one copy in each rank, as each rank's factory holds
-    read = sorted(sorted({int(i) for i in f.read_text().split()}) for f in seen.iterdir())
-    assert read == sorted(sorted(set(shard(plan, r, 2).indices)) for r in range(2))
-    assert list((tmp_path / "trials").iterdir()) == []
 
 
 def test_a_shard_reads_from_a_cache_of_every_ranks_samples():

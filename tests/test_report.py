@@ -60,7 +60,7 @@ def test_trials_come_from_the_study_the_recipe_names(searched):
     rows, note = load_trials(profile["measured"]["study"])
     assert rows and note == ""
     done = [r for r in rows if r.state == "COMPLETE" and not r.repeat]
-    assert done and all(r.measurement is not None and r.measurement.prediction.epoch_seconds > 0 for r in done)
+    assert done and all(r.measurement is not None and r.measurement.epochs for r in done)  # typed figures read back
     assert any(r.config.get("num_workers") == 0 for r in done)
 
 

@@ -50,8 +50,8 @@ def test_a_slow_step_shrinks_the_subset_so_several_trials_fit():
 
 def test_the_probe_times_the_step_on_the_batch_it_collated():
     step = RecordingStep()
-    probe_ = probe_dataset(UserSpec(dataset=Rows(), source="rows.py", batch_size=4, train_step=step))
-    assert probe_.step_seconds >= 0.0 and len(step.batches) == 2  # a warm-up call, then the one timed against it
+    probe_dataset(UserSpec(dataset=Rows(), source="rows.py", batch_size=4, train_step=step))
+    assert len(step.batches) == 2  # a warm-up call, then the one timed against it
     rows = sorted(int(b[0]) for b in step.batches[0])  # the probe's eight seeded samples, collated once
     assert len(rows) == 8 and len(set(rows)) == 8
     assert all(torch.equal(b, torch.stack([torch.full((3,), float(i)) for i in b[:, 0].tolist()])) for b in step.batches)
