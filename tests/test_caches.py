@@ -54,6 +54,24 @@ class Tensors(torch.utils.data.Dataset):
         return torch.arange(6, dtype=torch.float32).reshape(2, 3) + i
 
 
+class Strided(torch.utils.data.Dataset):
+    """Samples that are views, not C-order arrays: an image decoded HWC and returned CHW, a transposed
+    array, a broadcast tensor (stride 0), every other element, a permuted bfloat16."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        hwc = torch.arange(4 * 5 * 3, dtype=torch.uint8).reshape(4, 5, 3) + i
+        return {
+            "chw": hwc.permute(2, 0, 1).float().div_(255),
+            "t": np.arange(12, dtype=np.float64).reshape(3, 4).T + i,
+            "wide": torch.tensor([float(i)]).expand(3, 4),
+            "step": torch.arange(20, dtype=torch.int64)[::2] * i,
+            "bf16": (torch.arange(6, dtype=torch.float32).reshape(2, 3) + i).to(torch.bfloat16).T,
+        }
+
+
 class FailsAt(torch.utils.data.Dataset):
     """Raises at ``bad`` (or kills its process when ``kill``): an interrupted build."""
 
@@ -143,6 +161,19 @@ def test_parallel_build_is_exact(backend, tmp_path):
     ds = ZooDataset(10)
     cache = open_or_build(backend, ds, root=tmp_path, manifest={"fingerprint": "p"}, workers=2, progress=True)
     assert_exact(cache, ds)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_strided_samples_are_stored_in_their_values_order(backend, workers, tmp_path):
+    ds = Strided()
+    assert not ds[1]["chw"].is_contiguous() and not ds[1]["t"].flags.c_contiguous  # the case under test
+    cache = open_or_build(backend, ds, root=tmp_path, manifest={"fingerprint": "s"}, workers=workers, progress=False)
+    assert_exact(cache, ds)
+    loaded = list(torch.utils.data.DataLoader(CachedDataset(cache), batch_size=None, num_workers=workers,
+                                              collate_fn=identity))
+    assert all(samples_equal(loaded[i], ds[i]) for i in range(len(ds)))
 
 
 def test_memory_cache_is_a_few_contiguous_buffers():

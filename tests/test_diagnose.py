@@ -93,6 +93,11 @@ def test_diagnose_measures_files_transform_collate_and_consumer(tmp_path):
     # the memory-cache build of the same 16 samples against a bare decode of them, same workers
     assert m.build > 0 and m.bare_decode > 0 and m.build_fixed > 0 and m.build_workers == build_workers()
     assert "build vs bare decode" in table and f"of the 16 samples on {build_workers() or 'no'} worker(s)" in table
+    # what the cache holds: its columns, the blob offsets and the overflow flags; writing that much
+    # fresh memory is measured beside the build
+    assert m.build_bytes == 16 * (8 * 16 * 4 + 8) + (16 + 1) * 8 + 16
+    assert m.build_first_touch is not None
+    assert "first touch of the cache's 8.3 KiB" in table
 
 
 def test_cli_json_schema(tmp_path, capsys):

@@ -16,7 +16,8 @@
         "consumer", "consumer_kind", "consumer_on_cpu",  # per batch; null when nothing consumes
         "notes": [str],
         "build", "bare_decode",         # memory-cache build vs dataset[i] alone, same samples and workers,
-        "build_fixed", "build_workers"  # files evicted (null: not measured); its fixed part
+        "build_fixed", "build_workers", # files evicted (null: not measured); its fixed part;
+        "build_first_touch", "build_bytes",  # writing the cache's bytes into fresh memory, same workers
       },
       "verdict": {                      # autotune.verdict.Verdict
         "bound": "consumer" | "loader",

@@ -8,8 +8,9 @@ rounds (noise from other work hits both alike), medians kept. What separates the
 - ``fixed``: the steps the factory runs once whatever the length (the determinism check, which reads
   a few samples twice; the schema's head, read in the main process; worker start-up), measured as
   the build of a handful of samples;
-- the rest, per sample: storing (encoding into the columns, the shared pages it writes, the blobs
-  that cross the pipe).
+- ``first_touch``: writing the cache's bytes into fresh memory once, on the same workers
+  (``machine._first_touch``): the price of holding the samples, which a bare decode never pays;
+- the rest, per sample: storing (copying into the columns, the blobs that cross the pipe).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from autotune.machine import _evict
+from autotune.machine._first_touch import first_touch_seconds
 
 ROUNDS = 2
 _SMALL = 16  # samples in the build that measures the fixed part
@@ -46,6 +48,8 @@ class BuildCost:
     bare_decode_seconds: float  # dataset[i] for the same samples on the same workers, files evicted
     fixed_seconds: float  # the determinism check plus the build of a handful of samples (start-up)
     determinism_seconds: float
+    cache_bytes: int = 0  # what the built cache holds
+    first_touch_seconds: float = 0.0  # writing cache_bytes of fresh memory once, on the same workers
 
     @property
     def per_sample_overhead(self) -> float:
@@ -56,14 +60,16 @@ class BuildCost:
         return asdict(self)
 
 
-def _build(dataset: Any, indices: list[int], workers: int) -> float:
+def _build(dataset: Any, indices: list[int], workers: int) -> tuple[float, int]:
+    """Seconds of a memory-cache build of ``indices``, and the bytes the cache holds."""
     from autotune.caches._memory import MemoryCache
 
     start = time.perf_counter()
     cache = MemoryCache.build(dataset, indices, None, manifest={}, progress=False, workers=workers)
     seconds = time.perf_counter() - start
+    nbytes = cache.nbytes
     del cache
-    return seconds
+    return seconds, nbytes
 
 
 def build_against_decode(dataset: Any, indices: list[int], files: set[str], *, workers: int | None = None,
@@ -74,18 +80,21 @@ def build_against_decode(dataset: Any, indices: list[int], files: set[str], *, w
     from autotune.recipe._validate import bare_decode
 
     workers = build_workers() if workers is None else workers
-    builds, decodes = [], []
+    builds, decodes, touches, nbytes = [], [], [], 0
     for _ in range(rounds):
         if files:
             _evict.evict(files)
-        builds.append(_build(dataset, indices, workers))
+        seconds, nbytes = _build(dataset, indices, workers)
+        builds.append(seconds)
         decodes.append(bare_decode(_Subset(dataset, indices), workers, files))
+        touches.append(first_touch_seconds(nbytes, workers))
     if files:
         _evict.evict(files)
     start = time.perf_counter()
     check_deterministic(dataset)
     determinism = time.perf_counter() - start
-    small = _build(dataset, indices[:_SMALL], workers)
+    small, _ = _build(dataset, indices[:_SMALL], workers)
     return BuildCost(samples=len(indices), workers=workers, build_seconds=statistics.median(builds),
                      bare_decode_seconds=statistics.median(decodes), fixed_seconds=determinism + small,
-                     determinism_seconds=determinism)
+                     determinism_seconds=determinism, cache_bytes=nbytes,
+                     first_touch_seconds=statistics.median(touches))

@@ -399,6 +399,8 @@ def measure(spec: UserSpec, *, samples: int | None = None, seed: int = 0,
         bare_decode=cost.bare_decode_seconds if cost else None,
         build_fixed=cost.fixed_seconds if cost else None,
         build_workers=cost.workers if cost else None,
+        build_first_touch=cost.first_touch_seconds if cost else None,
+        build_bytes=cost.cache_bytes if cost else None,
         batch_size=batch_size,
         usable_cpus=usable_cpus(),
         sample_cold=_mean(cold_per_sample),
@@ -508,7 +510,8 @@ def format_table(m: Measurements, v: Verdict) -> str:
         row("build vs bare decode", m.build / m.samples, None,
             f"memory-cache build {_t(m.build)} vs bare decode {_t(m.bare_decode)} of the {m.samples} samples on "
             f"{m.build_workers or 'no'} worker(s): {_t(extra)} over ({_pct(extra, m.bare_decode)}); "
-            f"fixed part {_t(m.build_fixed)}")
+            f"fixed part {_t(m.build_fixed)}; first touch of the cache's {format_bytes(m.build_bytes or 0)} "
+            f"{_t(m.build_first_touch)} (new memory a cache must hold; a bare decode reuses its buffer)")
     rows.append(("", "", "", ""))
     rows.append(("ceiling", "samples/s", "per batch", ""))
     c = v.ceilings

@@ -84,6 +84,8 @@ class Measurements:
     bare_decode: float | None = None
     build_fixed: float | None = None  # the determinism check plus a 16-sample build (start-up)
     build_workers: int | None = None
+    build_first_touch: float | None = None  # writing the cache's bytes into fresh memory once, same workers
+    build_bytes: int | None = None  # what the subset's memory cache holds
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
