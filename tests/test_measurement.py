@@ -100,9 +100,15 @@ def test_a_result_that_is_no_object_or_lacks_a_figure_is_refused():
         Measurement.from_json(data)
 
 
-def test_the_median_is_the_lower_median_run_with_the_peak_memory_of_all():
+def test_the_median_is_the_median_run_with_the_peak_memory_of_all():
     runs = [_full(3.0, 10), _full(1.0, 30), _full(2.0, 20), _full(4.0, 5)]
-    assert Measurement.median(runs) == replace(_full(2.0, 20), peak_memory_bytes=30, runs=(3.0, 1.0, 2.0, 4.0))
+    # an even count: the two middle runs' predictions averaged, the rest the lower one's
+    middle = Prediction(build_seconds=0.5, first_epoch_seconds=1.25, epoch_seconds=0.625, total_seconds=2.5,
+                        epochs=3, extrapolated=True, build_fixed_seconds=0.125)
+    assert Measurement.median(runs) == replace(_full(2.0, 20), prediction=middle, peak_memory_bytes=30,
+                                               runs=(3.0, 1.0, 2.0, 4.0))
+    two = Measurement.median([_plain(3.25), _plain(2.5)])
+    assert two.total_seconds == 2.875 and two.runs == (3.25, 2.5)
     odd = Measurement.median([_plain(3.0, 1), _plain(1.0, 2), _plain(2.0, 3)])
     assert odd.total_seconds == 2.0 and odd.peak_memory_bytes == 3 and odd.runs == (3.0, 1.0, 2.0)
     assert Measurement.median([_plain(5.0)]).runs == (5.0,)

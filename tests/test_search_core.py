@@ -142,13 +142,6 @@ def test_another_versions_unreadable_finalist_runs_are_left_out_with_a_note_not_
         "keys 'new'"]
 
 
-def test_median_result_is_the_lower_median_with_the_peak_memory_of_all_runs():
-    runs = [_result(3.0, 10), _result(1.0, 30), _result(2.0, 20), _result(4.0, 5)]
-    chosen = Measurement.median(runs)
-    assert chosen.prediction == runs[2].prediction and chosen.total_seconds == 2.0
-    assert chosen.peak_memory_bytes == 30 and chosen.runs == (3.0, 1.0, 2.0, 4.0)
-
-
 # ---------------------------------------------------------------- the space: suggest and its inverse
 
 
