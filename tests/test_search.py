@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import optuna
 import pytest
-from workloads import BusErrorInWorkers, HangsInWorkers, Numbers, RaisesInWorkers
+from workloads import (
+    BusErrorAfterFirstBatch,
+    BusErrorInWorkers,
+    HangsInWorkers,
+    Numbers,
+    RaisesInWorkers,
+    step_that_logs_and_goes_on,
+)
 
 from autotune._api import search_spec
 from autotune.config import LoaderConfig
 from autotune.dataset._userfile import UserSpec
+from autotune.tuner._measure import Plan, Workload
+from autotune.tuner._runner import Runner, TrialFailed, failure_reason, worker_death_in_log
 from autotune.tuner._study import SearchOptions
 
 pytestmark = pytest.mark.timeout(240)
@@ -44,6 +54,40 @@ def test_failing_candidates_do_not_stop_the_search(tmp_path, dataset_cls, reason
     assert profile["config"]["num_workers"] == 0
     assert profile["measured"]["is_default"] is True
     assert profile["measured"]["failed_trials"] == len(outcome.failed)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_death_swallowed_by_the_step_fails_the_trial_with_its_cause(tmp_path):
+    # torch raises "worker killed by signal" from its SIGCHLD handler in whatever the main thread runs;
+    # the step swallows it (printing it), and the loader would notice the dead worker only at its next
+    # liveness check, 5 s later. A trial given up on before that read as slow ("pruned: still
+    # running"), not as failed; CI met this once, with torch's own profiler import as the swallower.
+    workload = Workload(dataset=BusErrorAfterFirstBatch(32), batch_size=8, epochs=1,
+                        train_step=step_that_logs_and_goes_on)
+    runner = Runner(workload, [str(Path(__file__).parent)])
+    config = LoaderConfig(num_workers=2, prefetch_factor=1, multiprocessing_context="fork")
+    log = tmp_path / "trial.log"
+    with pytest.raises(TrialFailed) as failed:
+        runner.run(config, Plan(indices=list(range(32)), length=32), timeout=60, give_up_after=1.5,
+                   log_path=str(log))
+    assert str(failed.value) == failure_reason(RuntimeError("killed by signal: Bus error"))
+    assert "is killed by signal: Bus error" in log.read_text()
+
+
+def test_a_worker_death_is_read_from_the_last_lines_of_a_log(tmp_path):
+    log = tmp_path / "trial.log"
+    assert worker_death_in_log(str(log)) is None  # no log yet
+    log.write_text("W1130 profiler.py:858] Unexpected error importing torch.profiler._cupti_monitor\n"
+                   "RuntimeError: DataLoader worker (pid 21089) is killed by signal: Segmentation fault. "
+                   "It is possible that dataloader's workers are out of shared memory.\n")
+    assert worker_death_in_log(str(log)) == failure_reason(
+        RuntimeError("DataLoader worker (pid 21089) is killed by signal: Segmentation fault"))
+    log.write_text("x" * (1 << 20) + "\nRuntimeError: DataLoader worker (pid(s) 12, 13) exited unexpectedly\n")
+    assert worker_death_in_log(str(log)) == failure_reason(
+        RuntimeError("DataLoader worker (pid(s) 12, 13) exited unexpectedly"))
+    log.write_text("epoch 1: 32 batches\n")
+    assert worker_death_in_log(str(log)) is None
+    assert worker_death_in_log(None) is None
 
 
 def test_a_hung_worker_cannot_hang_the_search(tmp_path):

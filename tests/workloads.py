@@ -6,6 +6,7 @@ import itertools
 import os
 import signal
 import time
+import traceback
 
 import torch
 from torch.utils.data import Dataset, get_worker_info
@@ -39,6 +40,27 @@ class BusErrorInWorkers(Numbers):
         if get_worker_info() is not None:
             os.kill(os.getpid(), signal.SIGBUS)
         return super().__getitem__(i)
+
+
+class BusErrorAfterFirstBatch(Numbers):
+    """The second worker dies of a bus error a moment after starting its first batch, while the main
+    process is inside the step for the first worker's batch (``step_that_logs_and_goes_on``)."""
+
+    def __getitem__(self, i: int):
+        worker = get_worker_info()
+        if worker is not None and worker.id == 1:
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGBUS)
+        return super().__getitem__(i)
+
+
+def step_that_logs_and_goes_on(batch) -> None:
+    """A training step that logs any exception and carries on, as many training loops' wrappers do: the
+    DataLoader's "worker killed" error, raised in whatever the main thread is running, is swallowed."""
+    try:
+        time.sleep(3.0)
+    except Exception:  # noqa: BLE001 - the point of this step
+        traceback.print_exc()
 
 
 class HangsInWorkers(Numbers):

@@ -13,6 +13,7 @@ import dataclasses
 import multiprocessing
 import os
 import pickle
+import re
 import shutil
 import signal
 import sys
@@ -219,8 +220,34 @@ def _death_reason(exitcode: int | None) -> str:
 class _Rank:
     proc: Any
     receiver: Any
+    log: str | None = None
     ready: bool = False
     result: Measurement | None = None
+
+
+_LOG_TAIL = 64 << 10  # bytes of a trial's log read for a worker's death
+_WORKER_DEATH = re.compile(  # torch's two messages (torch/utils/data/_utils/signal_handling.py, dataloader.py)
+    r"DataLoader worker \(pid(?:\(s\))? [^)]*\) (?:is killed by signal: [^.\n]+|exited unexpectedly)")
+
+
+def worker_death_in_log(path: str | None) -> str | None:
+    """The reason a DataLoader worker of a trial died, from the trial's log, or None.
+
+    torch reports a worker killed by a signal by raising from its SIGCHLD handler in the trial's main
+    thread, wherever that thread is; inside a ``try/except Exception`` (torch's profiler import has one)
+    the error is printed and swallowed, and the loader only notices the dead worker at its next liveness
+    check, seconds later. A trial given up on or timed out meanwhile would read as slow, not as failed:
+    the log still names the death."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - _LOG_TAIL))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = _WORKER_DEATH.findall(tail)
+    return failure_reason(RuntimeError(found[-1])) if found else None
 
 
 def shard(plan: Plan, rank: int, ranks: int) -> Plan:
@@ -298,7 +325,7 @@ class Runner:
                           self.ranks > 1),
                     name=f"autotune-trial-{r}",
                 )
-                ranks.append(_Rank(proc, receiver))
+                ranks.append(_Rank(proc, receiver, rank_log))
                 with _environment(env):
                     proc.start()
                 sender.close()
@@ -359,6 +386,11 @@ class Runner:
                     r.proc.join(10)  # let it shut its workers down cleanly
                 return Measurement.slowest_rank([r.result for r in ranks if r.result is not None])
             now = time.monotonic()
+            if (give_up_after is not None and now - started > give_up_after) or now > deadline:
+                for r in ranks:
+                    died = worker_death_in_log(r.log)
+                    if died:
+                        raise TrialFailed(died)
             if give_up_after is not None and now - started > give_up_after:
                 for r in ranks:
                     with contextlib.suppress(OSError):
