@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import optuna
@@ -72,6 +73,16 @@ def test_a_worker_death_swallowed_by_the_step_fails_the_trial_with_its_cause(tmp
                    log_path=str(log))
     assert str(failed.value) == failure_reason(RuntimeError("killed by signal: Bus error"))
     assert "is killed by signal: Bus error" in log.read_text()
+
+
+def test_a_trial_that_cannot_start_reports_why():
+    # A plan that cannot be sent to the trial process: its start fails, and that error is the one raised
+    # (the clean-up used to join the never-started process and raise "can only join a started process").
+    runner = Runner(Workload(dataset=Numbers(8), batch_size=4, epochs=1), [str(Path(__file__).parent)])
+    plan = Plan(indices=list(range(8)), length=8, files=(lambda: None,))  # type: ignore[arg-type]
+    with pytest.raises((AttributeError, pickle.PicklingError, TypeError)) as raised:
+        runner.run(LoaderConfig(), plan, timeout=30)
+    assert "pickle" in str(raised.value).lower()
 
 
 def test_a_worker_death_is_read_from_the_last_lines_of_a_log(tmp_path):

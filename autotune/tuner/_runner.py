@@ -335,6 +335,8 @@ class Runner:
         finally:
             for rank in ranks:
                 rank.receiver.close()
+                if rank.proc.pid is None:
+                    continue  # its start failed (a dead forkserver): that error is the one to see
                 if rank.proc.is_alive():
                     kill_tree(rank.proc.pid)
                 rank.proc.join(10)
