@@ -31,7 +31,9 @@ class Measurement:
     prediction: Prediction  # the predicted whole run (docs/architecture.md §3)
     epochs: tuple[EpochTiming, ...]  # each measured epoch of the subset, the cold one first
     measured_samples: int  # samples an epoch read (summed over ranks that ran together)
-    peak_memory_bytes: int  # PSS of the trial and its workers at an epoch's end (summed over ranks, max over runs)
+    # PSS of the trial and its workers at an epoch's end, a memory cache scaled from the subset to the whole
+    # dataset (``_measure.whole_run_peak``); summed over ranks, max over runs
+    peak_memory_bytes: int
     build_seconds_subset: float | None = None  # the cache build on the subset; None: not stored (an older study)
     eviction: EvictionReport | None = None  # before the first epoch; None: no files to evict, or not stored
     process_applied: tuple[str, ...] = ()  # process settings applied in the trial (recipe/_process.py)

@@ -1,0 +1,42 @@
+"""The peak memory a recipe reports is the whole run's: a memory cache holds every sample, not the subset's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from autotune.config import LoaderConfig
+from autotune.tuner._measure import Plan, Workload, measure, whole_run_peak
+
+MIB = 1 << 20
+
+
+class MebibyteRows(Dataset):
+    """1000 samples of exactly 1 MiB (float32), so a cache of all of them holds 1000 MiB."""
+
+    def __len__(self):
+        return 1000
+
+    def __getitem__(self, i):
+        return torch.full((MIB // 4,), float(i))
+
+
+def test_only_the_cache_scales_with_the_length():
+    # 300 MiB measured with a 50-sample cache of 50 MiB: the whole run's cache holds 1000 MiB
+    assert whole_run_peak(300 * MIB, 50 * MIB, 50, 1000) == 1250 * MIB
+    assert whole_run_peak(300 * MIB, 0, 50, 1000) == 300 * MIB  # no memory cache: nothing grows
+    assert whole_run_peak(300 * MIB, 50 * MIB, 1000, 1000) == 300 * MIB  # measured on everything
+    assert whole_run_peak(0, 50 * MIB, 50, 1000) == 0  # memory not sampled
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fill", ["build", "first_epoch"])
+def test_a_memory_cache_on_a_subset_reports_the_whole_datasets_bytes(fill):
+    config = LoaderConfig(cache="memory", cache_fill=fill, num_workers=2 if fill == "first_epoch" else 0,
+                          prefetch_factor=2 if fill == "first_epoch" else None,
+                          multiprocessing_context="fork" if fill == "first_epoch" else None)
+    plan = Plan(indices=list(range(0, 1000, 20)), length=1000, epochs_measured=2)
+    figures = measure(Workload(dataset=MebibyteRows(), batch_size=10, epochs=2), config, plan)
+    # the subset's cache held 50 MiB; the whole run's holds all 1000 samples
+    assert figures.peak_memory_bytes >= 1000 * MIB
