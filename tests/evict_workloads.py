@@ -7,6 +7,8 @@ import os
 import torch
 from torch.utils.data import Dataset
 
+from autotune.machine._evict import resident_fraction
+
 
 class FileSamples(Dataset):
     """Sample i is the bytes of ``paths[i]`` as a uint8 tensor, and i."""
@@ -76,3 +78,18 @@ def page_cache_is_droppable(path) -> bool:
             if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
                 best, fstype = mount, parts[2]
     return fstype not in ("tmpfs", "ramfs")
+
+
+class ColdnessLog(FileSamples):
+    """FileSamples that appends, for every read, the index and whether its file was still out of the
+    page cache (under half resident) just before the read, to ``log`` (one line each, any process)."""
+
+    def __init__(self, paths, log):
+        super().__init__(paths)
+        self.log = str(log)
+
+    def __getitem__(self, i: int):
+        fraction = resident_fraction(self.paths[i])
+        with open(self.log, "a") as f:
+            f.write(f"{i} {'cold' if fraction is not None and fraction < 0.5 else 'warm'}\n")
+        return super().__getitem__(i)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import optuna
 import pytest
-from evict_workloads import FileSamples, page_cache_is_droppable, write_files
+from evict_workloads import ColdnessLog, FileSamples, page_cache_is_droppable, write_files
 from workloads import FourMegabyteBatches, WithEpochs
 
 from autotune._api import search_spec
+from autotune.config import LoaderConfig
 from autotune.dataset._userfile import UserSpec
 from autotune.tuner import _preparation as preparation
+from autotune.tuner._measure import Plan, Workload, measure
 from autotune.tuner._study import SearchOptions
 
 pytestmark = pytest.mark.timeout(240)
@@ -41,6 +43,21 @@ def test_source_files_are_evicted_before_the_first_epoch(tmp_path):
     eviction = outcome.figures.eviction
     assert eviction is not None and eviction.files == 32 and eviction.effective
     assert eviction.resident_after is not None and eviction.resident_after <= 0.05
+
+
+def test_the_subset_build_reads_cold_files_after_its_head_build(tmp_path):
+    # A trial first builds 16 samples (to split the build's start-up from its per-sample cost), then the
+    # subset, which starts with those 16: their files must be cold again, as in the factory's one build.
+    if not page_cache_is_droppable(tmp_path):
+        pytest.skip("the temporary folder is on tmpfs, where eviction cannot drop pages")
+    paths = write_files(tmp_path / "data", 120, 64 << 10)
+    log = tmp_path / "reads.log"
+    plan = Plan(indices=list(range(80)), length=120, files=tuple(paths), sample_memory=False)
+    measure(Workload(dataset=ColdnessLog(paths, log), batch_size=8, epochs=2), LoaderConfig(cache="memory"), plan)
+    reads = log.read_text().split()
+    subset_build = list(zip(reads[0::2], reads[1::2]))[-80:]  # the epochs read the cache, not the files
+    assert [int(i) for i, _ in subset_build] == list(range(80))
+    assert [i for i, state in subset_build if state == "warm"] == []
 
 
 def test_generated_data_is_measured_warm_and_says_so(tmp_path):
