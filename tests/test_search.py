@@ -110,6 +110,16 @@ def test_a_hung_worker_cannot_hang_the_search(tmp_path):
     assert outcome.is_default
 
 
+def test_a_budget_spent_before_the_first_trial_still_measures_the_default(tmp_path):
+    # 1 s: preparing (the probe, the determinism check) uses up the search's share before any trial, as
+    # a small budget on a loaded machine does; the default must still be measured as a trial.
+    recipe, outcome = search_spec(spec_for(Numbers(16)), options(tmp_path, 1), None)
+    study = optuna.load_study(study_name=outcome.study["name"], storage=outcome.study["storage"])
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert [t.user_attrs["config"] for t in complete] == [LoaderConfig().to_json()]
+    assert outcome.is_default
+
+
 def test_budget_bounds_the_number_of_trials(tmp_path):
     delay = 0.004
     dataset = Numbers(64, delay=delay)

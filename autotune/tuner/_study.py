@@ -210,7 +210,10 @@ def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: An
         while True:
             elapsed = time.monotonic() - started
             typical = statistics.median(durations) if durations else trial_seconds * 2
-            if elapsed + typical > opts.budget * SEARCH_SHARE or counters["repeats"] >= 20:
+            # The first trial runs whatever preparation cost: on a loaded machine a small budget could
+            # otherwise end the search with nothing measured but the finalists' default.
+            over = counters["asked"] and elapsed + typical > opts.budget * SEARCH_SHARE
+            if over or counters["repeats"] >= 20:
                 break
             if opts.max_trials is not None and counters["asked"] >= opts.max_trials:
                 break
