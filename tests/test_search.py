@@ -102,7 +102,10 @@ def test_a_worker_death_is_read_from_the_last_lines_of_a_log(tmp_path):
 
 
 def test_a_hung_worker_cannot_hang_the_search(tmp_path):
-    recipe, outcome = search_spec(spec_for(HangsInWorkers(16)), options(tmp_path, 12, trial_timeout=4), None)
+    # Two trials, the default then the usual workers prior, whatever the machine's load: a 12 s budget
+    # beside another suite ran only the default, and nothing hung.
+    opts = options(tmp_path, 120, trial_timeout=4, max_trials=2)
+    recipe, outcome = search_spec(spec_for(HangsInWorkers(16)), opts, None)
     study = optuna.load_study(study_name=outcome.study["name"], storage=outcome.study["storage"])
     stopped = [t.user_attrs.get("reason", "") for t in study.trials if t.params.get("num_workers")]
     # Each hung candidate is stopped: pruned once it outlasts the default's whole run, else timed out.
