@@ -300,8 +300,7 @@ def _column_value(leaf: Leaf, x: Any) -> np.ndarray | None:
     # anyway, and a permuted image (HWC decoded, CHW returned) costs a second full copy otherwise (0.4 of
     # the 1.5 ms a 224x224 float sample takes to decode and store, docs/architecture.md §4).
     if kind == "ndarray":
-        view: np.ndarray = x
-        return view
+        return np.asarray(x)
     if kind == "tensor":
         t = x.detach().resolve_conj().resolve_neg()
         storage = _tensor_storage(t.dtype)

@@ -22,9 +22,15 @@ than the recipe promised.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -306,8 +312,6 @@ def _build_parts(recipe_path: str, dataset: Any, profile: Any) -> dict[str, floa
 
     parts: dict[str, float] = {}
     start = time.perf_counter()
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         load(recipe_path)
@@ -325,8 +329,6 @@ def _build_parts(recipe_path: str, dataset: Any, profile: Any) -> dict[str, floa
 
 def _child(payload: dict[str, Any]) -> dict[str, Any]:
     """The fresh process's run (see the module docstring); returns what it measured, as JSON-able data."""
-    import warnings
-
 
     ready_wall = time.time()
     spec = load_user_file(payload["target"], batch_size=payload["batch_size"])
@@ -385,12 +387,6 @@ def validate_fresh(recipe: Any, recipe_path: str | os.PathLike[str], target: str
     """Run the recipe as the user will (see the module docstring): ``target`` is the dataset file
     (``PATH[:NAME]``), ``recipe_path`` the recipe ``recipe`` was loaded from; ``epochs`` defaults to the
     recipe's. The temporary cache folder is removed afterwards, whatever happens."""
-    import json
-    import shutil
-    import subprocess
-    import sys
-    import tempfile
-
     profile = recipe.profile
     tuned_batch = (profile.settings or {}).get("batch_size")
     batch_size = batch_size or tuned_batch or 32
@@ -445,9 +441,6 @@ def validate_fresh(recipe: Any, recipe_path: str | os.PathLike[str], target: str
 
 
 def _main(argv: list[str]) -> int:
-    import json
-    import sys
-
     try:
         result = _child(json.loads(argv[0]))
     except AutotuneError as exc:
@@ -459,6 +452,4 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(_main(sys.argv[1:]))

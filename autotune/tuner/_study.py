@@ -212,7 +212,7 @@ def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: An
             typical = statistics.median(durations) if durations else trial_seconds * 2
             # The first trial runs whatever preparation cost: on a loaded machine a small budget could
             # otherwise end the search with nothing measured but the finalists' default.
-            over = counters["asked"] and elapsed + typical > opts.budget * SEARCH_SHARE
+            over = counters["asked"] > 0 and elapsed + typical > opts.budget * SEARCH_SHARE
             if over or counters["repeats"] >= 20:
                 break
             if opts.max_trials is not None and counters["asked"] >= opts.max_trials:
