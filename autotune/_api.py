@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -125,6 +126,10 @@ def search_spec(spec: UserSpec, opts: SearchOptions, output: str | os.PathLike[s
         RecipeFile.check_target(output)  # fails now, not after the budget is spent
     from autotune.tuner._study import search as run_search  # Optuna: imported by a search only
 
+    if output is not None and not opts.factory_runs and Path(output).exists():
+        # what validations measured through the factory on each machine: the search predicts from them
+        runs = {fp: p.factory_runs for fp, p in RecipeFile.read(output).profiles.items() if p.factory_runs}
+        opts = dataclasses.replace(opts, factory_runs=runs)
     outcome = run_search(spec, opts)
     profile = profile_from(outcome, spec)
     if output is not None:

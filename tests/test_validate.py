@@ -185,3 +185,36 @@ def test_fresh_process_validation_record(tmp_path, files, capsys):
     # a bare decode pass and the child's start were timed (not left unmeasured)
     assert v.bare_decode_seconds is not None and set(v["build_parts"]) == {"recipe_load", "determinism_check"}
     assert v["process_start_seconds"] is not None and v["eviction"]["files"] == 40
+
+
+def test_a_fresh_validation_keeps_what_the_factory_cost_for_the_next_search(tmp_path, files, capsys):
+    """Each run through the factory in a fresh process is kept in the profile's factory_runs, filed under the
+    dataset's fingerprint as a search computes it, and a search replacing the profile keeps them."""
+    from autotune.dataset._probe import probe_dataset
+    from autotune.dataset._userfile import load_user_file
+    from autotune.machine._cpus import build_workers
+
+    recipe_path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig(cache="memory"))
+    target = dataset_file(tmp_path, files)
+    for _ in range(2):
+        assert cli.main(["validate", target, "--recipe", str(recipe_path)]) == 0
+    capsys.readouterr()
+    profile = autotune.load(recipe_path).profile
+    first, second = profile.factory_runs
+    v = profile.measured.validation
+    assert second.dataset == probe_dataset(load_user_file(target)).fingerprint
+    assert (second.length, second.batch_size, second.config, second.build_workers) == (
+        40, 8, LoaderConfig(cache="memory"), build_workers())
+    assert (second.build_seconds, second.first_epoch_seconds, second.epoch_seconds) == (
+        v.build.measured, v.first_epoch.measured, v.epoch.measured)
+    assert first != second and first.dataset == second.dataset
+    # --no-store writes nothing, so it adds no run
+    assert cli.main(["validate", target, "--recipe", str(recipe_path), "--no-store"]) == 0
+    assert len(autotune.load(recipe_path).profile.factory_runs) == 2
+    # a new search of this machine replaces the profile and keeps the runs
+    write_recipe(recipe_path, config=LoaderConfig())
+    again = autotune.load(recipe_path).profile
+    assert again.config == LoaderConfig() and again.factory_runs == (first, second)
+    stored = json.loads(recipe_path.read_text())
+    (raw,) = stored["profiles"].values()
+    assert [r["build_seconds"] for r in raw["factory_runs"]] == [first.build_seconds, second.build_seconds]

@@ -30,6 +30,8 @@ from typing import Any
 from autotune.config import LoaderConfig
 from autotune.errors import HardwareMismatch, RecipeError
 from autotune.machine import _hardware
+from autotune.recipe import _factory_runs
+from autotune.recipe._factory_runs import FactoryRun
 from autotune.recipe._measured import Measured
 
 __all__ = [
@@ -95,10 +97,13 @@ class Profile:
     measured: Measured = field(default_factory=Measured)
     created: str = field(default_factory=_now)
     autotune_version: str = field(default_factory=_autotune_version)
+    # what the factory cost on this machine, from `autotune validate` (recipe/_factory_runs.py)
+    factory_runs: tuple[FactoryRun, ...] = ()
     # keys a newer autotune of the same format version wrote; kept so a merge does not drop them
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
-    _FIELDS = ("hardware", "dataset", "settings", "config", "measured", "created", "autotune_version")
+    _FIELDS = ("hardware", "dataset", "settings", "config", "measured", "created", "autotune_version",
+               "factory_runs")
 
     @property
     def fingerprint(self) -> str:
@@ -115,7 +120,11 @@ class Profile:
         out: dict[str, Any] = {}
         for name in self._FIELDS:
             value = getattr(self, name)
-            out[name] = value.to_json() if isinstance(value, (LoaderConfig, Measured)) else copy.deepcopy(value)
+            if name == "factory_runs":
+                if value:  # written once a validation has measured the factory
+                    out[name] = [run.to_json() for run in value]
+            else:
+                out[name] = value.to_json() if isinstance(value, (LoaderConfig, Measured)) else copy.deepcopy(value)
         out["hardware"]["fingerprint"] = self.fingerprint
         for key, value in self.extra.items():
             out.setdefault(key, copy.deepcopy(value))
@@ -153,6 +162,7 @@ class Profile:
             measured=Measured.from_json(data.get("measured")),
             created=str(data.get("created") or ""),
             autotune_version=str(data.get("autotune_version") or "unknown"),
+            factory_runs=_factory_runs.read(data.get("factory_runs")),
             extra={k: v for k, v in data.items() if k not in cls._FIELDS},
         )
 
@@ -326,7 +336,11 @@ class RecipeFile:
                               "--output a path in a writable folder.")
 
     def add(self, profile: Profile) -> None:
-        """Add ``profile``, replacing any profile of the same hardware fingerprint."""
+        """Add ``profile``, replacing any profile of the same hardware fingerprint; what the factory cost
+        on that machine (``factory_runs``) is kept: a new search of it predicts from those runs."""
+        old = self.profiles.get(profile.fingerprint)
+        if old is not None and old.factory_runs:
+            profile.factory_runs = _factory_runs.merged(old.factory_runs, profile.factory_runs)
         self.profiles[profile.fingerprint] = profile
 
     def to_dict(self) -> dict[str, Any]:

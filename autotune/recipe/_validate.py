@@ -43,10 +43,12 @@ import autotune
 from autotune._api import load
 from autotune._loader import DeviceConsumer
 from autotune.dataset._determinism import check_deterministic
+from autotune.dataset._fingerprint import dataset_fingerprint
 from autotune.dataset._userfile import load_user_file, require_map_style
 from autotune.errors import AutotuneError, RecipeError
 from autotune.machine import _evict
 from autotune.machine._cpus import build_workers
+from autotune.recipe import _factory_runs
 from autotune.recipe._factory import cache_location, cache_manifest
 from autotune.recipe._file import RecipeFile, _locked
 from autotune.tuner._measure import timed_epoch
@@ -117,6 +119,9 @@ class Validation:
     bare_decode_workers: int | None = None
     build_parts: dict[str, float] = field(default_factory=dict)  # seconds of the build's fixed steps
     cache_fill: str | None = None
+    # the data the fresh process ran, as a search fingerprints it: its run is kept for that data only
+    dataset_fingerprint: str | None = None
+    dataset_length: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -252,7 +257,9 @@ def _compare(profile: Any, on_this_machine: bool, timings: list[EpochTiming], bu
 
 def store(recipe_path: str | os.PathLike[str], validation: Validation) -> Path:
     """Write ``validation`` into its profile's ``measured["validation"]`` in the recipe file, atomically,
-    under the recipe file's lock; the other profiles and fields are kept."""
+    under the recipe file's lock; the other profiles and fields are kept. A run through the factory in a
+    fresh process is added to the profile's ``factory_runs``, which the next search on this machine
+    predicts from (recipe/_factory_runs.py)."""
 
     path = Path(recipe_path)
     with _locked(path):
@@ -264,6 +271,9 @@ def store(recipe_path: str | os.PathLike[str], validation: Validation) -> Path:
                 "it was changed since it was loaded. Run `autotune validate` again."
             )
         profile.measured = profile.measured.with_validation(validation.to_dict())
+        run = _factory_runs.from_validation(validation, profile)
+        if run is not None:
+            profile.factory_runs = _factory_runs.merged(profile.factory_runs, (run,))
         return rf.write(path)
 
 
@@ -371,13 +381,14 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
     parts = _build_parts(payload["recipe"], dataset, profile)
     workers = build_workers()
     decode = bare_decode(dataset, workers, files) if profile.config.cache else None
+    fingerprint = dataset_fingerprint(dataset, spec.source_text)
     return {
         "timings": [asdict(t) for t in timings], "build_seconds": build_seconds, "report": report.to_dict(),
         "found_by": found_by, "fits": fits, "settings": {k: v if isinstance(v, (str, int, float, bool, type(None)))
                                                          else repr(v) for k, v in settings.items()},
         "full": full, "measured_batches": measured_batches, "ready_wall": ready_wall, "loaded_wall": loaded_wall,
         "build_parts": parts, "bare_decode_seconds": decode, "bare_decode_workers": workers,
-        "profile_fingerprint": profile.fingerprint,
+        "profile_fingerprint": profile.fingerprint, "dataset_fingerprint": fingerprint, "dataset_length": length,
     }
 
 
@@ -437,7 +448,8 @@ def validate_fresh(recipe: Any, recipe_path: str | os.PathLike[str], target: str
                     found_by=got["found_by"], fits=got["fits"], settings=got["settings"], batch_size=batch_size,
                     seed=seed, notes=notes, fresh_process=True, process_start_seconds=got["loaded_wall"] - spawned,
                     bare_decode_seconds=got["bare_decode_seconds"], bare_decode_workers=got["bare_decode_workers"],
-                    build_parts=got["build_parts"])
+                    build_parts=got["build_parts"], dataset_fingerprint=got["dataset_fingerprint"],
+                    dataset_length=got["dataset_length"])
 
 
 def _main(argv: list[str]) -> int:

@@ -22,11 +22,14 @@ from autotune.config import LoaderConfig
 from autotune.dataset._probe import Probe
 from autotune.dataset._userfile import UserSpec
 from autotune.errors import AutotuneError, MeasurementError
+from autotune.machine._hardware import fingerprint as hardware_fingerprint
 from autotune.machine._memory import format_bytes
 from autotune.machine._shm import shm_rule
+from autotune.recipe._factory_runs import FactoryRun
 from autotune.recipe._measured import Finalist
 from autotune.tuner import _storage
 from autotune.tuner._candidates import Limits
+from autotune.tuner._factory_costs import FactoryCosts
 from autotune.tuner._lifecycle import remove_leftovers, stop_on_signals
 from autotune.tuner._measure import Plan
 from autotune.tuner._measurement import Measurement
@@ -57,6 +60,8 @@ class SearchOptions:
     data_dir: str | None = None  # the files to evict for cold reads, when dataset[i] does not reveal them
     sampler: Any = None  # an Optuna sampler instead of the seeded TPE (the benchmarks compare RandomSampler)
     resume_only: bool = False  # no new trials: the recipe from what the (shared) study already measured
+    # what the factory cost, by hardware fingerprint: the recipe file's factory_runs (recipe/_factory_runs.py)
+    factory_runs: dict[str, tuple[FactoryRun, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -193,8 +198,9 @@ def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: An
         setup = with_subset(setup, spec, opts, subset)
         plan = setup.plan
     default = space.default()
+    costs = _factory_costs(opts, hw, probe, plan, spec, setup.ranks)
     if opts.resume_only:
-        return _from_study(study, space, plan, probe, hw, limits, opts, started)
+        return _from_study(study, space, plan, probe, hw, limits, opts, started, costs)
     seen = {t.user_attrs.get("config_key")
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
     if default.key() not in seen:
@@ -221,7 +227,7 @@ def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: An
             counters["asked"] += 1
             with _storage.heartbeat(storage, study, trial):
                 _run_trial(study, trial, space, setup, runner, deadline, log_dir, shm_limited, durations,
-                           counters)
+                           counters, costs)
             progress.update(_status(study))
         if shm_limited:
             limits.notes.append(
@@ -229,16 +235,18 @@ def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: An
                 f"{shm_limited[0]} ({format_bytes(setup.batch_bytes)} batches, "
                 f"{format_bytes(setup.shm_free or 0)} of /dev/shm free)"
             )
-        return _finish(study, space, runner, plan, probe, hw, limits, opts, started, progress, spec)
+        return _finish(study, space, runner, plan, probe, hw, limits, opts, started, progress, costs)
     finally:
         progress.close()
 
 
 def _run_trial(study: optuna.Study, trial: optuna.Trial, space: Space, setup: Setup, runner: Any,
                deadline: float, log_dir: Path, shm_limited: list[str], durations: list[float],
-               counters: dict[str, int]) -> None:
+               counters: dict[str, int], costs: FactoryCosts) -> None:
     """Suggest, measure and tell one trial. Every write to the trial is guarded: another search may have
-    failed it meanwhile (it looked dead), which only ends this trial, not the search."""
+    failed it meanwhile (it looked dead), which only ends this trial, not the search. The trial keeps what
+    it measured; the study is told the figure learned from the factory's runs, so the sampler and the
+    choice of finalists see what a candidate costs through the factory here (tuner/_factory_costs.py)."""
     plan = setup.plan
     config = space.suggest(trial)
     key = config.key()
@@ -296,7 +304,7 @@ def _run_trial(study: optuna.Study, trial: optuna.Trial, space: Space, setup: Se
         raise
     else:
         _record(trial, result)
-        _storage.tell(study, trial, result.total_seconds)
+        _storage.tell(study, trial, costs.learned(config, result)[0].total_seconds)
     durations.append(time.monotonic() - t0)
 
 
@@ -385,8 +393,18 @@ def _best_distinct(study: optuna.Study, count: int) -> list[optuna.trial.FrozenT
     return list(out.values())
 
 
+def _factory_costs(opts: SearchOptions, hw: dict[str, Any], probe: Probe, plan: Plan, spec: UserSpec,
+                   ranks: int) -> FactoryCosts:
+    """The factory runs validated on this machine that this search's figures can learn from: none for a
+    stream or several ranks, which a validation does not run."""
+    if probe.stream or ranks > 1:
+        return FactoryCosts()
+    return FactoryCosts(runs=opts.factory_runs.get(hardware_fingerprint(hw), ()), dataset=probe.fingerprint,
+                        length=probe.length, batch_size=spec.batch_size, build_workers=plan.build_workers)
+
+
 def _finish(study: optuna.Study, space: Space, runner: Any, plan: Plan, probe: Probe, hw: dict[str, Any],
-            limits: Limits, opts: SearchOptions, started: float, progress: _Progress, spec: UserSpec) -> Outcome:
+            limits: Limits, opts: SearchOptions, started: float, progress: _Progress, costs: FactoryCosts) -> Outcome:
     default = space.default()
     finalists = _best_distinct(study, opts.finalists)
     configs = [LoaderConfig.from_json(t.user_attrs["config"]) for t in finalists]
@@ -412,7 +430,7 @@ def _finish(study: optuna.Study, space: Space, runner: Any, plan: Plan, probe: P
             progress.update(f"finalists round {r + 1}/{rounds}")
     runs = _pool_runs(study, figures, failed_finalists, limits.notes)
     return _outcome(study, runs, failed_finalists, default, plan, probe, hw, limits, opts, started,
-                    "interleaved re-measurement")
+                    "interleaved re-measurement", costs)
 
 
 _RUNS_PREFIX = "finalist-runs:"  # a study attribute per search: its finalists' re-measurements
@@ -456,7 +474,7 @@ def _pooled_runs(study: optuna.Study, extra: dict[str, list[dict[str, Any]]] | N
 
 
 def _from_study(study: optuna.Study, space: Space, plan: Plan, probe: Probe, hw: dict[str, Any], limits: Limits,
-                opts: SearchOptions, started: float) -> Outcome:
+                opts: SearchOptions, started: float, costs: FactoryCosts) -> Outcome:
     """The recipe from what the study holds, without measuring anything: every search's finalist runs, and
     the trials' own figures for configurations no search re-measured (``--resume-only``)."""
     default = space.default()
@@ -473,13 +491,16 @@ def _from_study(study: optuna.Study, space: Space, plan: Plan, probe: Probe, hw:
             f"The study {study.study_name} holds no measured trial yet; run `autotune search` without "
             "--resume-only first (on any node sharing this --storage)."
         )
-    return _outcome(study, runs, {}, default, plan, probe, hw, limits, opts, started, "the shared study's figures")
+    return _outcome(study, runs, {}, default, plan, probe, hw, limits, opts, started, "the shared study's figures",
+                    costs)
 
 
 def _outcome(study: optuna.Study, runs: dict[LoaderConfig, list[Measurement]],
              failed_finalists: dict[LoaderConfig, str], default: LoaderConfig, plan: Plan, probe: Probe,
-             hw: dict[str, Any], limits: Limits, opts: SearchOptions, started: float, how: str) -> Outcome:
-    """The winner among the measured configurations (lowest median whole run, the default on a tie)."""
+             hw: dict[str, Any], limits: Limits, opts: SearchOptions, started: float, how: str,
+             costs: FactoryCosts) -> Outcome:
+    """The winner among the measured configurations (lowest median whole run, the default on a tie), each
+    figure learned from the factory's validated runs where they stand for it (tuner/_factory_costs.py)."""
     medians = {c: Measurement.median(v) for c, v in runs.items() if v}
     notes = list(limits.notes)
     if default not in medians:
@@ -492,6 +513,11 @@ def _outcome(study: optuna.Study, runs: dict[LoaderConfig, list[Measurement]],
             medians[default] = Measurement.median(loop)
             notes.append(f"the plain default failed its re-measurement ({failed_finalists.get(default, '')}); "
                          "its figure comes from the search's own trial")
+    learned: dict[LoaderConfig, str] = {}
+    for config, figure in medians.items():
+        medians[config], note = costs.learned(config, figure)
+        if note:
+            learned[config] = note
     if default not in medians:
         reason = failed_finalists.get(default, "it was not measured")
         raise AutotuneError(
@@ -500,6 +526,7 @@ def _outcome(study: optuna.Study, runs: dict[LoaderConfig, list[Measurement]],
         )
     winner = min(medians, key=lambda c: (medians[c].total_seconds, c != default, c.key()))
     is_default = winner == default
+    notes.extend(learned[c] for c in dict.fromkeys((winner, default)) if c in learned)
     note = f"fastest candidate in {how}" if not is_default else ""
     if is_default and len(medians) > 1:
         note = "no candidate beat the plain default in the interleaved A/B check; the recipe is the default"
