@@ -215,3 +215,16 @@ def test_factory_runs_are_left_out_of_a_profile_that_has_none(tmp_path):
     with_runs = Profile.from_dict({**doc, "factory_runs": [_run().to_json()]})
     assert with_runs.factory_runs == (_run(),) and with_runs.to_dict()["factory_runs"] == [_run().to_json()]
     assert Path(RecipeFile.merge_write(tmp_path / "r.json", with_runs).path).exists()
+
+
+def test_a_stream_or_several_ranks_learn_nothing_from_a_single_process_validation(tmp_path):
+    from autotune.tuner._study import _factory_costs
+
+    setup = _setup()
+    runs = {_hw_fingerprint(): (_run(),)}
+    opts = _opts(tmp_path, factory_runs=runs)
+    costs = _factory_costs(opts, setup.hardware, setup.probe, setup.plan, _spec(), ranks=1)
+    assert costs == FactoryCosts(runs=(_run(),), dataset="f" * 16, length=1000, batch_size=64, build_workers=0)
+    assert _factory_costs(opts, setup.hardware, setup.probe, setup.plan, _spec(), ranks=2) == FactoryCosts()
+    stream = replace(setup.probe, stream=True)
+    assert _factory_costs(opts, setup.hardware, stream, setup.plan, _spec(), ranks=1) == FactoryCosts()

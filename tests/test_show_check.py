@@ -162,3 +162,31 @@ def test_show_missing_and_corrupt_exit_2(tmp_path, capsys):
     assert main(["show", str(bad)]) == 2
     assert "not an autotune recipe" in capsys.readouterr().err
     assert bad.read_text() == "[]"
+
+
+def test_show_tells_the_validation_and_what_the_factory_taught(tmp_path, capsys):
+    from autotune.recipe._factory_runs import FACTORY_NOTE, FactoryRun
+
+    path = tmp_path / "autotune.json"
+    p = make_profile(hardware.collect(), 1)
+    run = FactoryRun(dataset="f00d", length=2000, batch_size=64, config=p.config, build_workers=2,
+                     build_seconds=2.0, first_epoch_seconds=4.0, epoch_seconds=2.5)
+    p.factory_runs = (run,)
+    RecipeFile.merge_write(path, p)
+    assert main(["show", str(path)]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "factory 1 validated run(s) kept; the next search on this machine predicts from them" in said
+    assert "validated" not in said.replace("validated run", "")
+
+    p.measured = Measured.from_json({
+        **p.measured.to_json(), "notes": [f"{FACTORY_NOTE}: the build from 1 (trials: 1.00 s, factory: 2.00 s); "
+                                          "whole run 8.00 s -> 9.00 s"],
+        "validation": {"predicted_total_seconds": 9.0, "measured_total_seconds": 9.9, "fresh_process": True,
+                       "validated_at": "2026-11-30T01:02:03+00:00"}})
+    RecipeFile.merge_write(path, p)
+    assert main(["show", str(path)]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert ("validated 9.90 s in all through the factory in a fresh process vs 9.00 s predicted (+10%), "
+            "2026-11-30T01:02:03+00:00") in said
+    assert ("factory 1 validated run(s) kept; figures learned from them: the build from 1 (trials: 1.00 s, "
+            "factory: 2.00 s); whole run 8.00 s -> 9.00 s") in said

@@ -8,6 +8,7 @@ import textwrap
 from typing import Any
 
 from autotune.machine import _hardware as hardware
+from autotune.recipe._factory_runs import FACTORY_NOTE
 from autotune.recipe._file import VERSION, Profile, RecipeFile
 from autotune.recipe._measured import Subset
 from autotune.recipe._process import PRELOAD_ALLOCATORS, command_line
@@ -129,6 +130,19 @@ def _rows(p: Profile) -> list[tuple[str, str]]:
     rows.append(("search", ", ".join(trials)))
     if m.note:
         rows.append(("note", m.note))
+    v = m.validation
+    if v is not None and v.total.measured is not None:
+        where = "through the factory in a fresh process" if v.fresh_process else "in the validating process"
+        text = f"{_seconds(v.total.measured)} in all {where}"
+        if v.total.error_percent is not None:
+            text += f" vs {_seconds(v.total.predicted)} predicted ({v.total.error_percent:+.0f}%)"
+        rows.append(("validated", text + f", {v.get('validated_at', 'at an unknown time')}"))
+    if p.factory_runs:
+        learned = [n for n in m.notes if n.startswith(FACTORY_NOTE)]
+        how = ("figures learned from them: " + learned[0][len(FACTORY_NOTE):].lstrip(" :") if learned
+               else "the next search on this machine predicts from them")
+        text = f"{len(p.factory_runs)} validated run(s) kept; {how}"
+        rows.append(("factory", text))
     rows.append(("created", f"{p.created or 'unknown'} by autotune {p.autotune_version}"))
     return rows
 

@@ -24,6 +24,8 @@ from typing import Any
 from autotune.config import LoaderConfig
 from autotune.errors import RecipeError
 
+# how a search's note that its figures were learned from these runs begins (``autotune show`` finds it)
+FACTORY_NOTE = "predicted from runs of the factory on this machine (autotune validate)"
 KEEP = 8  # runs kept per profile: enough for a median, few enough that an old machine state ages out
 
 _FLOATS = ("build_seconds", "first_epoch_seconds", "epoch_seconds")

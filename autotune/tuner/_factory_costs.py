@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass, replace
 
 from autotune.config import LoaderConfig
-from autotune.recipe._factory_runs import FactoryRun
+from autotune.recipe._factory_runs import FACTORY_NOTE, FactoryRun
 from autotune.tuner._measurement import Measurement
 
 
@@ -47,6 +47,5 @@ class FactoryCosts:
         if epochs:
             parts.append(f"the epochs from {len(epochs)} (trials: {p.first_epoch_seconds:.2f} s then "
                          f"{p.epoch_seconds:.2f} s, factory: {first:.2f} s then {epoch:.2f} s)")
-        note = (f"predicted from runs of the factory on this machine (autotune validate): {' and '.join(parts)}; "
-                f"whole run {p.total_seconds:.2f} s -> {total:.2f} s")
+        note = f"{FACTORY_NOTE}: {' and '.join(parts)}; whole run {p.total_seconds:.2f} s -> {total:.2f} s"
         return replace(measurement, prediction=learned), note
