@@ -12,6 +12,8 @@ Minutes are those of the 2-CPU machine the README quotes (each result's ``wall_s
 5. allocators.py        3 loader paths x 4 allocators x 3 fresh processes                     (~3 min)
 6. process_settings.py  5 searches of 60 s; 2 recipes x 3 repeats                             (~4 min)
 7. cache_memory.py      800 samples in the memory cache, 0 and 4 forked workers, PSS           (~1 min)
+8. prediction.py        3 examples x (a 60 s search, 3 stored validations, a 60 s search that learns
+                        from them, 3 validations of its recipe)                              (~14 min)
 
 Each script prints its Markdown table (passed through here). Timings are only worth quoting from a quiet
 machine (see docs/architecture.md, "Measuring on small machines"). ``--quick`` runs every script's smoke
@@ -31,7 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ORDER = ("article_table", "search_cost", "cpu_lstm", "accelerator", "allocators", "process_settings",
-         "cache_memory")
+         "cache_memory", "prediction")
 
 
 def command(name: str, args: argparse.Namespace, work: Path, failed: list[str]) -> list[str]:

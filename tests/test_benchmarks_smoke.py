@@ -26,7 +26,7 @@ _spec.loader.exec_module(run_all)
 
 # search_cost reuses article_table's search, so they share a group; the groups take about as long
 # (measured: under 7 minutes each on 2 CPUs at a load average of 9; cpu_lstm writes no JPEGs while article_table does).
-GROUPS = (("article_table", "search_cost", "cache_memory"),
+GROUPS = (("article_table", "search_cost", "cache_memory", "prediction"),
           ("cpu_lstm", "accelerator", "allocators", "process_settings"))
 MACHINE_KEYS = {"cpu_model", "usable_cpus", "memory_bytes", "torch", "described", "fingerprint"}
 TIMEOUT = 1200  # a hang's limit; on a quiet 2-CPU machine the whole module takes a few minutes
@@ -205,3 +205,16 @@ def test_cache_memory(results):
         assert run["single"]["processes"] == 1
         assert run["workers"]["processes"] == 1 + run["workers"]["workers"]
         assert run["ratio"] > 0
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(TIMEOUT)
+def test_prediction(results):
+    data = _check(results, "prediction")
+    (name,) = data["examples"]  # --quick: jpeg_folder only
+    example = data["examples"][name]
+    assert example["factory_runs_kept"] == data["repeats"] == 1  # the first validation, kept through the re-search
+    for stage in ("first", "learned"):
+        phases = example[stage]["phases"]
+        assert set(phases) == {"build", "first_epoch", "epoch", "total"}
+        assert all(len(p["measured_runs"]) == 1 for p in phases.values())

@@ -16,6 +16,7 @@ from autotune.cli import main
 from autotune.config import LoaderConfig
 from autotune.errors import RecipeError
 from autotune.machine import _hardware as hardware
+from autotune.machine._evict import EvictionReport
 from autotune.recipe import _factory_runs
 from autotune.recipe._factory_runs import KEEP, FactoryRun, from_validation, merged
 from autotune.recipe._file import Profile, RecipeFile
@@ -79,7 +80,9 @@ def test_merged_keeps_the_newest_runs_once_each():
 def _validation(**changes):
     values = dict(fresh_process=True, on_this_machine=True, dataset_fingerprint="d" * 16, dataset_length=40,
                   profile_fingerprint=None, batch_size=8, bare_decode_workers=2, measured_build_seconds=1.5,
-                  measured_first_epoch_seconds=0.4, measured_epoch_seconds=0.1, validated_at="2026-11-30T01:00:00")
+                  measured_first_epoch_seconds=0.4, measured_epoch_seconds=0.1, validated_at="2026-11-30T01:00:00",
+                  eviction=EvictionReport(files=3, bytes=300, resident_before=1.0, resident_after=0.0, effective=True,
+                                          note=""))
     values.update(changes)
     return SimpleNamespace(**values)
 
@@ -101,6 +104,13 @@ def test_a_validation_is_a_factory_run_only_where_it_stands_for_this_machines_fa
     assert from_validation(replace_ns(ok, fresh_process=False), profile) is None  # in the caller's process
     assert from_validation(replace_ns(ok, on_this_machine=False), profile) is None  # another machine's recipe
     assert from_validation(replace_ns(ok, dataset_fingerprint=None), profile) is None
+    warm = EvictionReport(files=3, bytes=300, resident_before=1.0, resident_after=1.0, effective=False,
+                          note="the page cache kept the files")
+    assert from_validation(replace_ns(ok, eviction=warm), profile) is None  # not a cold start
+    assert from_validation(replace_ns(ok, eviction=None), profile) is not None
+    generated = EvictionReport(files=0, bytes=0, resident_before=None, resident_after=None, effective=False,
+                               note="no files to evict")
+    assert from_validation(replace_ns(ok, eviction=generated), profile) is not None  # read alike by trials
     assert from_validation(replace_ns(ok, profile_fingerprint="0" * 12), profile) is None
     ranked = _profile(ranks=2)
     assert from_validation(replace_ns(ok, profile_fingerprint=ranked.fingerprint), ranked) is None

@@ -117,10 +117,14 @@ def merged(old: tuple[FactoryRun, ...], new: tuple[FactoryRun, ...]) -> tuple[Fa
 
 def from_validation(validation: Any, profile: Any) -> FactoryRun | None:
     """The factory run a validation measured, or None where it does not stand for this machine's factory:
-    not a fresh process, the recipe of other hardware, several ranks per node (a validation runs one), or a
-    dataset the validation did not fingerprint."""
+    not a fresh process, the recipe of other hardware, several ranks per node (a validation runs one), a
+    dataset the validation did not fingerprint, or source files it found and could not evict (its first
+    epoch was not cold). Data with no files to evict (generated, or held in memory) is read the same way
+    by trials and the factory, so its runs count."""
+    eviction = validation.eviction
+    warm = eviction is not None and bool(eviction.files or eviction.failed) and not eviction.effective
     if (not validation.fresh_process or not validation.on_this_machine or not validation.dataset_fingerprint
-            or validation.profile_fingerprint != profile.fingerprint or profile.ranks_per_node != 1):
+            or validation.profile_fingerprint != profile.fingerprint or profile.ranks_per_node != 1 or warm):
         return None
     return FactoryRun(
         dataset=validation.dataset_fingerprint, length=validation.dataset_length or 0,
