@@ -13,7 +13,7 @@ Minutes are those of the 2-CPU machine the README quotes (each result's ``wall_s
 6. process_settings.py  5 searches of 60 s; 2 recipes x 3 repeats                             (~4 min)
 7. cache_memory.py      800 samples in the memory cache, 0 and 4 forked workers, PSS           (~1 min)
 8. prediction.py        3 examples x (a 60 s search, 3 stored validations, a 60 s search that learns
-                        from them, 3 validations of its recipe)                              (~14 min)
+                        from them, 3 validations of its recipe)                              (~10 min)
 
 Each script prints its Markdown table (passed through here). Timings are only worth quoting from a quiet
 machine (see docs/architecture.md, "Measuring on small machines"). ``--quick`` runs every script's smoke
