@@ -54,6 +54,22 @@ def test_overrides_win_and_say_so(tmp_path):
     assert (loader.num_workers, loader.prefetch_factor) == (2, 2)
 
 
+def test_something_that_is_not_a_dataset_is_one_clear_error(tmp_path):
+    """The bundled examples name a function that makes the dataset: passing the function itself was a
+    TypeError from inside the determinism check."""
+    from autotune.errors import DatasetError
+
+    path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig(cache="memory"))
+    with pytest.raises(DatasetError) as err:
+        autotune.dataloader(Numbers, path)
+    assert str(err.value) == (
+        "autotune.dataloader got a type, not a dataset (a function that makes one? call it): it needs "
+        "__getitem__(int) and __len__() (map-style), or to be a torch.utils.data.IterableDataset.")
+    with pytest.raises(DatasetError, match="got a int, not a dataset: it needs"):
+        autotune.dataloader(3, path)
+    assert len(autotune.dataloader(Numbers(0), path, cache=None)) == 0  # an empty val set is still a dataset
+
+
 def test_worker_only_override_without_workers_is_an_error(tmp_path):
     path = write_recipe(tmp_path / "autotune.json")
     with pytest.raises(autotune.AutotuneError, match="prefetch_factor needs num_workers > 0"):

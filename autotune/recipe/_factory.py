@@ -27,7 +27,7 @@ from autotune.config import WORKER_ONLY as _WORKER_ONLY
 from autotune.config import ConfigError, LoaderConfig
 from autotune.dataset._determinism import check_deterministic
 from autotune.dataset._stream import is_stream
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, DatasetError
 from autotune.machine._cpus import build_workers
 from autotune.recipe._process import apply_at_runtime
 
@@ -160,6 +160,11 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
     ``loader_cls`` builds another DataLoader subclass with the same arguments (torchdata's StatefulDataLoader)."""
 
     stream = is_stream(dataset)
+    kind = type(dataset)  # a class has __getitem__ and __len__ as attributes, its instances are the datasets
+    if not stream and not (hasattr(kind, "__getitem__") and hasattr(kind, "__len__")):
+        hint = " (a function that makes one? call it)" if callable(dataset) else ""
+        raise DatasetError(f"autotune.dataloader got a {type(dataset).__name__}, not a dataset{hint}: it needs "
+                           "__getitem__(int) and __len__() (map-style), or to be a torch.utils.data.IterableDataset.")
     tuned_batch = (profile.settings or {}).get("batch_size")
     if "batch_sampler" not in overrides:
         overrides.setdefault("batch_size", tuned_batch or 1)
