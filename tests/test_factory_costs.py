@@ -169,7 +169,8 @@ def test_a_search_chooses_on_what_the_factory_costs_here(tmp_path):
     learned = search(_spec(), _opts(tmp_path / "b", factory_runs=runs, max_trials=8), setup=_setup(),
                      runner=FakeRunner())
     assert learned.config.cache != "memory" and learned.config.num_workers and not learned.is_default
-    assert learned.figures.total_seconds < 8.1 and not any("factory" in n for n in learned.notes)
+    assert int(learned.figures.total_seconds) == 8  # the fake's figure for workers: 8 s plus 0.01 s a run
+    assert not any("factory" in n for n in learned.notes)
 
 
 def test_the_winners_figures_are_the_factorys_where_it_ran_that_configuration(tmp_path):
