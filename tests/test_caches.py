@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,6 +185,32 @@ def test_memory_cache_is_a_few_contiguous_buffers():
     for col, leaf in zip(cache.columns, cache.schema.columns):
         assert col.shape == (5, *leaf.shape) and col.flags.c_contiguous
     assert cache.blobs.dtype == np.uint8 and cache.offsets.shape == (6,)
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memory files need memfd_create")
+def test_a_memory_cache_built_in_workers_is_written_through_memory_files_and_leaks_no_descriptor():
+    """The build's workers write each column through a memory file's descriptor (``_FileColumn``): the
+    columns are those files' shared mappings. The build's own descriptors are closed when it ends; what
+    stays open is each mapping's (Python's mmap keeps one), until the cache is freed."""
+    import gc
+
+    def memory_files() -> list[str]:
+        found = []
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                found.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return [f for f in found if "memfd:autotune-memory-cache" in f]
+
+    ds = Strided()
+    before = len(memory_files())
+    cache = open_or_build("memory", ds, root=None, manifest={}, progress=False, workers=2)
+    assert len(memory_files()) - before == len(cache.columns)  # one per mapping, none left by the build
+    assert Path("/proc/self/maps").read_text().count("/memfd:autotune-memory-cache") >= len(cache.columns)
+    assert all(samples_equal(cache[i], ds[i]) for i in range(len(ds)))
+    assert [c.flags.c_contiguous for c in cache.columns] == [True] * len(cache.columns)
+    del cache
+    gc.collect()
+    assert len(memory_files()) == before
 
 
 @pytest.mark.parametrize("backend", DISK)

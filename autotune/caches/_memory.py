@@ -14,6 +14,7 @@ import torch
 
 from autotune.caches._base import Cache, read_source, stored_manifest
 from autotune.caches._codec import decode, encode, infer_schema
+from autotune.machine._memory_file import FileColumn
 
 _HEAD = 8  # samples read in the calling process to fix the schema before workers start
 
@@ -30,6 +31,21 @@ def _shared_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
 
 
+def _file_columns(schema: Any, n: int) -> list[FileColumn] | None:
+    """The schema's columns as memory files, or None where the OS has no ``memfd_create``."""
+    if not FileColumn.available():
+        return None
+    made: list[FileColumn] = []
+    try:
+        for leaf in schema.columns:
+            made.append(FileColumn((n, *leaf.shape), leaf.np_dtype))
+    except BaseException:
+        for column in made:
+            column.close()
+        raise
+    return made
+
+
 def _store(schema: Any, columns: list[np.ndarray], overflow: np.ndarray, blobs: list[bytes], k: int,
            enc: Any) -> None:
     if enc.columns is None:
@@ -42,17 +58,23 @@ def _store(schema: Any, columns: list[np.ndarray], overflow: np.ndarray, blobs: 
 
 class _ColumnWriter(torch.utils.data.Dataset[Any]):
     """Position k: decode ``dataset[indices[k]]`` in a worker and write its columns in place; only the
-    overflow flag and the blob (as a uint8 tensor, exact protocol-5 bytes) go back."""
+    overflow flag and the blob (as a uint8 tensor, exact protocol-5 bytes) go back. ``files``: the same
+    columns as memory files, written through their descriptors (``FileColumn``)."""
 
-    def __init__(self, dataset: Any, indices: list[int], schema: Any, columns: list[np.ndarray]):
+    def __init__(self, dataset: Any, indices: list[int], schema: Any, columns: list[np.ndarray],
+                 files: list[FileColumn] | None = None):
         self.dataset, self.indices, self.schema, self.columns = dataset, indices, schema, columns
+        self.files = files
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __getitem__(self, k: int) -> tuple[int, bool, torch.Tensor | None]:
         enc = encode(self.schema, self.dataset[self.indices[k]])
-        if enc.columns is not None:
+        if enc.columns is not None and self.files is not None:
+            for file, value in zip(self.files, enc.columns):
+                file.write(k, value)
+        elif enc.columns is not None:
             for column, value in zip(self.columns, enc.columns):
                 column[k] = value
         wire = torch.frombuffer(bytearray(enc.blob), dtype=torch.uint8) if enc.blob else None
@@ -118,34 +140,42 @@ class MemoryCache(Cache):
     def _build_in_workers(cls, dataset: Any, indices: list[int], *, manifest: dict[str, Any], progress: bool,
                           workers: int) -> MemoryCache:
         """Forked workers decode and write each sample straight into the columns, which live in shared
-        anonymous memory: nothing crosses a pipe or /dev/shm but the small blobs, and the main process,
-        which would otherwise copy every sample three times while competing for the same cores, waits."""
+        memory: nothing crosses a pipe or /dev/shm but the small blobs, and the main process, which would
+        otherwise copy every sample three times while competing for the same cores, waits. The columns
+        are memory files the workers write through (``FileColumn``: no fault per fresh page), or shared
+        anonymous memory they store into where the OS has no ``memfd_create``."""
         from tqdm.auto import tqdm
 
         n = len(indices)
         head = [dataset[i] for i in indices[:_HEAD]]
         schema = infer_schema(head)
-        columns = [_shared_array((n, *leaf.shape), leaf.np_dtype) for leaf in schema.columns]
-        overflow = np.zeros(n, dtype=bool)
-        blobs: list[bytes] = [b""] * n
-        for k, sample in enumerate(head):
-            _store(schema, columns, overflow, blobs, k, encode(schema, sample))
-        writer = _ColumnWriter(dataset, indices, schema, columns)
-        loader = torch.utils.data.DataLoader(
-            writer, sampler=range(_HEAD, n), batch_size=32, num_workers=workers, collate_fn=list,
-            multiprocessing_context="fork",
-        )
-        it = iter(loader)
-        with tqdm(total=n, initial=_HEAD, desc="Building memory cache", unit="sample", disable=not progress,
-                  leave=False) as bar:
-            try:
-                for batch in it:
-                    for k, is_overflow, wire in batch:
-                        overflow[k] = is_overflow
-                        blobs[k] = wire.numpy().tobytes() if wire is not None else b""
-                    bar.update(len(batch))
-            finally:
-                it._shutdown_workers()  # type: ignore[attr-defined]  # an interrupted build leaves no worker behind
+        files = _file_columns(schema, n)
+        columns = ([f.array for f in files] if files is not None
+                   else [_shared_array((n, *leaf.shape), leaf.np_dtype) for leaf in schema.columns])
+        try:
+            overflow = np.zeros(n, dtype=bool)
+            blobs: list[bytes] = [b""] * n
+            for k, sample in enumerate(head):
+                _store(schema, columns, overflow, blobs, k, encode(schema, sample))
+            writer = _ColumnWriter(dataset, indices, schema, columns, files)
+            loader = torch.utils.data.DataLoader(
+                writer, sampler=range(_HEAD, n), batch_size=32, num_workers=workers, collate_fn=list,
+                multiprocessing_context="fork",
+            )
+            it = iter(loader)
+            with tqdm(total=n, initial=_HEAD, desc="Building memory cache", unit="sample", disable=not progress,
+                      leave=False) as bar:
+                try:
+                    for batch in it:
+                        for k, is_overflow, wire in batch:
+                            overflow[k] = is_overflow
+                            blobs[k] = wire.numpy().tobytes() if wire is not None else b""
+                        bar.update(len(batch))
+                finally:
+                    it._shutdown_workers()  # type: ignore[attr-defined]  # an interrupted build leaves no worker behind
+        finally:
+            for file in files or ():
+                file.close()  # the mappings keep the columns; nothing writes them any more
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum([len(b) for b in blobs], out=offsets[1:])
         blob_buffer = np.frombuffer(b"".join(blobs), dtype=np.uint8)
