@@ -14,6 +14,8 @@ Minutes are those of the 2-CPU machine the README quotes (each result's ``wall_s
 7. cache_memory.py      800 samples in the memory cache, 0 and 4 forked workers, PSS           (~1 min)
 8. prediction.py        3 examples x (a 60 s search, 3 stored validations, a 60 s search that learns
                         from them, 3 validations of its recipe)                              (~10 min)
+9. cache_fill.py        2000 JPEGs, 3 epochs; no cache, and each backend built first (0 or 2 workers)
+                        or filled by the first epoch (2 workers): 14 cells x 3 repeats       (~5 min)
 
 Each script prints its Markdown table (passed through here). Timings are only worth quoting from a quiet
 machine (see docs/architecture.md, "Measuring on small machines"). ``--quick`` runs every script's smoke
@@ -33,7 +35,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ORDER = ("article_table", "search_cost", "cpu_lstm", "accelerator", "allocators", "process_settings",
-         "cache_memory", "prediction")
+         "cache_memory", "prediction", "cache_fill")
 
 
 def command(name: str, args: argparse.Namespace, work: Path, failed: list[str]) -> list[str]:

@@ -27,7 +27,7 @@ _spec.loader.exec_module(run_all)
 # search_cost reuses article_table's search, so they share a group; the groups take about as long
 # (measured: under 7 minutes each on 2 CPUs at a load average of 9; cpu_lstm writes no JPEGs while article_table does).
 GROUPS = (("article_table", "search_cost", "cache_memory", "prediction"),
-          ("cpu_lstm", "accelerator", "allocators", "process_settings"))
+          ("cpu_lstm", "accelerator", "allocators", "process_settings", "cache_fill"))
 MACHINE_KEYS = {"cpu_model", "usable_cpus", "memory_bytes", "torch", "described", "fingerprint"}
 TIMEOUT = 1200  # a hang's limit; on a quiet 2-CPU machine the whole module takes a few minutes
 ROW_KEYS = {"epoch_s", "setup_s", "total_s", "first_over_steady", "runs", "repeats"}
@@ -218,3 +218,15 @@ def test_prediction(results):
         phases = example[stage]["phases"]
         assert set(phases) == {"build", "first_epoch", "epoch", "total"}
         assert all(len(p["measured_runs"]) == 1 for p in phases.values())
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(TIMEOUT)
+def test_cache_fill(results):
+    data = _check(results, "cache_fill")
+    assert list(data["rows"]) == ["none/build/0", "none/build/2", "memory/build/0", "memory/build/2",
+                                  "memory/first_epoch/2", "pickle/build/0", "pickle/build/2", "pickle/first_epoch/2"]
+    for name, row in data["rows"].items():
+        assert row["failed"] == [] and len(row["epoch_s"]) == 3 and row["finish_s"]["n"] == 1, name
+        assert row["total_s"]["median"] >= row["finish_s"]["median"] >= 0
+    assert all(data["rows"][f"{b}/first_epoch/2"]["over_best_build"] > 0 for b in ("memory", "pickle"))

@@ -178,7 +178,9 @@ def test_fresh_process_validation_record(tmp_path, files, capsys):
     assert v["loader"]["cache"] == "memory" and v["files_found_by"] == "path list"
     assert [e["batches"] for e in v["epochs"]] == [5, 5]
     assert (v.build.predicted, v.first_epoch.predicted, v.epoch.predicted, v.total.predicted) == (0.0, 2.0, 0.5, 3.0)
-    assert v.total.measured == pytest.approx(v.build.measured + v.first_epoch.measured + v.epoch.measured)
+    assert v["finish_seconds"] >= 0  # a memory cache built first: no fill to commit at exit
+    assert v.total.measured == pytest.approx(v.build.measured + v.first_epoch.measured + v.epoch.measured
+                                             + v["finish_seconds"])
     assert v.first_epoch.measured == v["epochs"][0]["seconds"] and v.epoch.measured == v["epochs"][1]["seconds"]
     assert v.total.error_percent == pytest.approx((v.total.measured - 3.0) / 3.0 * 100)
     assert v["total_error_percent"] == pytest.approx(v.total.error_percent)
@@ -218,3 +220,17 @@ def test_a_fresh_validation_keeps_what_the_factory_cost_for_the_next_search(tmp_
     stored = json.loads(recipe_path.read_text())
     (raw,) = stored["profiles"].values()
     assert [r["build_seconds"] for r in raw["factory_runs"]] == [first.build_seconds, second.build_seconds]
+
+
+def test_a_disk_cache_filled_by_the_first_epoch_is_validated_with_its_commit(tmp_path, files, capsys):
+    """The fresh process runs the fill the recipe chose, and the whole run counts the commit its exit waits for."""
+    config = LoaderConfig(num_workers=2, prefetch_factor=2, multiprocessing_context="fork", persistent_workers=True,
+                          cache="pickle", cache_fill="first_epoch")
+    recipe_path = write_recipe(tmp_path / "autotune.json", config=config)
+    assert cli.main(["validate", dataset_file(tmp_path, files), "--recipe", str(recipe_path)]) == 0
+    out = capsys.readouterr().out
+    v = autotune.load(recipe_path).measured.validation
+    assert v.cache_fill == "first_epoch" and v["loader"]["cache"] == "pickle" and v["loader"]["cache_fill"] == "first_epoch"
+    assert v["finish_seconds"] > 0 and v.total.measured == pytest.approx(
+        v.build.measured + v.first_epoch.measured + v.epoch.measured + v["finish_seconds"])
+    assert ("waited for at its end" in out) == (v["finish_seconds"] >= 0.005)

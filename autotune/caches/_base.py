@@ -25,7 +25,7 @@ from autotune.caches._codec import Schema, infer_schema, sample_digest
 from autotune.caches._trust import check_trusted
 from autotune.errors import AutotuneError
 
-FORMAT_VERSION = 2  # 2: content-addressed directories, build facts, probe digests checked at open
+FORMAT_VERSION = 3  # 2: content-addressed directories, build facts, probe digests; 3: pickle's record index
 MANIFEST_NAME = "manifest.json"
 _SCHEMA_PROBE = 8  # samples read before the schema is fixed
 
@@ -276,20 +276,7 @@ class DiskCache(Cache):
             schema = infer_schema(head)
             stored = stored_manifest(cls.name, manifest, indices, schema)
             stored["meta"] = cls._write(tmp, schema, len(indices), samples, head)
-            files = {}
-            for f in sorted(tmp.rglob("*")):
-                os.chmod(f, 0o700 if f.is_dir() else 0o600)
-                if f.is_file():
-                    _fsync_path(f)
-                    files[str(f.relative_to(tmp))] = f.stat().st_size
-            stored["files"] = files
-            with open(tmp / MANIFEST_NAME, "w") as fh:  # last: its presence marks a whole build
-                json.dump(stored, fh, indent=1, sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp / MANIFEST_NAME, 0o600)
-            _fsync_path(tmp)
-            placed = _place_dir(tmp, path)
+            placed = cls._finish(tmp, path, stored)
         except BaseException:
             samples.close()
             shutil.rmtree(tmp, ignore_errors=True)
@@ -297,6 +284,49 @@ class DiskCache(Cache):
         cache = cls.open(path, manifest=manifest)
         cache.origin = "built" if placed else "reused"
         return cache
+
+    @classmethod
+    def _finish(cls, tmp: Path, path: Path, stored: dict[str, Any]) -> bool:
+        """Seal the written directory ``tmp`` (modes, fsync, the manifest last) and move it to ``path``
+        unless a cache is already there; whether it moved. A build and a fill (``_disk_fill``) end here."""
+        files = {}
+        for f in sorted(tmp.rglob("*")):
+            os.chmod(f, 0o700 if f.is_dir() else 0o600)
+            if f.is_file():
+                _fsync_path(f)
+                files[str(f.relative_to(tmp))] = f.stat().st_size
+        stored["files"] = files
+        with open(tmp / MANIFEST_NAME, "w") as fh:  # last: its presence marks a whole build
+            json.dump(stored, fh, indent=1, sort_keys=True)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp / MANIFEST_NAME, 0o600)
+        _fsync_path(tmp)
+        return _place_dir(tmp, path)
+
+    @classmethod
+    def _write_records(cls, tmp: Path, schema: Schema, records: Sequence[tuple[Path, int, int, int]]) -> dict[str, Any]:
+        """Store the packed records (``codec.pack``) that a fill wrote, position k at ``records[k]`` =
+        (file, offset, length, crc32), into ``tmp``; backend facts for the manifest. The default unpacks
+        them into ``_write``; a backend that stores such records as they are overrides it."""
+        from autotune.caches._codec import unpack
+
+        def samples() -> Generator[Any, None, None]:
+            fds: dict[Path, int] = {}
+            try:
+                for file, offset, length, _crc in records:
+                    if file not in fds:
+                        fds[file] = os.open(file, os.O_RDONLY)
+                    yield unpack(schema, os.pread(fds[file], length, offset))
+            finally:
+                for fd in fds.values():
+                    os.close(fd)
+
+        it = samples()
+        try:
+            return cls._write(tmp, schema, len(records), it, [next(it)])
+        finally:
+            it.close()
 
     # -- opening ----------------------------------------------------------------------------------------
     @classmethod

@@ -25,6 +25,8 @@ from autotune.caches._base import (
     is_manifest,
     set_aside,
 )
+from autotune.caches._disk_fill import LOCK as FILL_LOCK
+from autotune.caches._disk_fill import DiskFill, active_fill
 from autotune.caches._hdf5 import Hdf5Cache
 from autotune.caches._key import describe_change, kinship
 from autotune.caches._lmdb import LmdbCache, record_disk_bytes
@@ -131,11 +133,54 @@ def _try_open(cls: type[Cache], path: Path, expected: dict[str, Any]) -> tuple[C
 
 
 def _remove_dead_builds(root: Path, name: str) -> None:
-    """Temp directories of ``name``'s builders that died; call only holding its build lock."""
+    """Temp directories of ``name``'s builders, and staging folders of its fills, whose processes
+    died; call only holding its build lock (a live fill holds no build lock, but its own: ``_busy``)."""
     for leftover in root.glob(f".{name}.*-*"):
         m = _TEMP.match(leftover.name)
-        if m and m.group(1) == name and leftover.is_dir() and not leftover.is_symlink():
+        if not (m and m.group(1) == name and leftover.is_dir() and not leftover.is_symlink()):
+            continue
+        if m.group(2) != "fill" or not _busy(leftover, m):  # the build lock is ours: a tmp's builder died
             shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _busy(path: Path, m: re.Match[str]) -> bool:
+    """Whether the temp folder ``path`` (matched by ``_TEMP``) is in use: a build holding the cache's
+    build lock, or a first-epoch fill holding its own lock (``_disk_fill``)."""
+    if m.group(2) == "fill":
+        return not is_free(path / FILL_LOCK)
+    return not is_free(lock_path(path.parent, m.group(1)))
+
+
+def open_or_fill(name: str, dataset: Any, *, root: Path | str | None = None,
+                 manifest: dict[str, Any]) -> Cache | DiskFill:
+    """The ``name`` disk cache of the whole ``dataset`` under ``root``, opened when one is there (as
+    ``open_or_build`` would), else a fill of it that the loader's first epoch performs (``_disk_fill``);
+    this process's fill in progress when there is one, so two loaders of one dataset share it."""
+    cls = get_backend(name)
+    if cls is MemoryCache:
+        raise ValueError("The memory cache's first-epoch fill is autotune.caches._fill.FirstEpochCache.")
+    expected = expected_manifest(manifest, range(len(dataset)))
+    root = ensure_root(root)
+    path = cache_path(name, root, expected)
+    cache, why = _try_open(cls, path, expected)
+    if cache is not None:
+        cache.origin = "reused"
+        log.info("autotune: reusing the %s cache %s (%d samples, built %s)", name, path, len(cache),
+                 _age(cache.manifest.get("built")))
+        return cache
+    fill = active_fill(path)
+    if fill is not None:
+        return fill
+    if why:
+        warnings.warn(f"{why} Filling it anew during the first epoch.", CacheRebuildWarning, stacklevel=2)
+    else:
+        previous = _previous(path, name, expected)
+        if previous is not None:
+            warnings.warn(
+                f"The dataset changed since its {name} cache was built {_age(previous.get('built'))} "
+                f"({describe_change(previous['expected'], expected)}): filling a new cache during the first "
+                "epoch; `autotune cache clear` removes the old one.", CacheRebuildWarning, stacklevel=2)
+    return DiskFill(name, dataset, path, expected)
 
 
 def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, manifest: dict[str, Any],
@@ -200,7 +245,7 @@ def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, ma
 
 
 # -------------------------------------------------------------------------------- list and clear
-_TEMP = re.compile(r"^\.((?:pickle|hdf5|lmdb)(?:-.+)?)\.(tmp|old)-\d+-[0-9a-f]+$")  # _base's temp names
+_TEMP = re.compile(r"^\.((?:pickle|hdf5|lmdb)(?:-.+)?)\.(tmp|old|fill)-(-?\d+)-[0-9a-f]+$")  # _base's and _disk_fill's
 _LOCK = re.compile(r"^\.((?:pickle|hdf5|lmdb)(?:-.+)?)\.lock$")
 _TRIAL = re.compile(r"^trial-[A-Za-z0-9_.-]+$")  # autotune/tuner/_lifecycle.py names them
 TRIAL_LOCK = ".trial.lock"
@@ -242,10 +287,11 @@ def _classify(path: Path) -> dict[str, Any]:
         return entry
     m = _TEMP.match(path.name)
     if m:
-        busy = not is_free(lock_path(path.parent, m.group(1)))
+        busy = _busy(path, m)
+        what = "fill during a first epoch" if m.group(2) == "fill" else "build"
         entry.update(kind="temp", backend=m.group(1).split("-", 1)[0], nbytes=_dir_bytes(path),
                      status="building" if busy else "partial",
-                     reason="a build in progress" if busy else "an unfinished or interrupted build")
+                     reason=f"a {what} in progress" if busy else f"an unfinished or interrupted {what}")
         return entry
     if _TRIAL.match(path.name):
         inner = [_classify(p) for p in sorted(path.iterdir()) if not _trial_bookkeeping(p)]

@@ -75,6 +75,9 @@ def summary(v: Validation, recipe_path: str | None, stored: bool) -> str:
     if v.measured_total_seconds is not None:
         lines.append(f"  {f'whole run, {v.epochs_run} epochs':22}{_secs(v.predicted_total_seconds):>12}"
                      f"{_secs(v.measured_total_seconds):>12}{_pct(v.total_error_percent):>10}")
+    if v.finish_seconds >= 0.005:
+        lines.append(f"  the whole run includes {_secs(v.finish_seconds)} waited for at its end: the cache filled "
+                     "during the first epoch, written before the process could exit")
     if v.bare_decode_seconds is not None:
         parts = ", ".join(f"{k} {_secs(val)}" for k, val in v.build_parts.items())
         lines.append(f"  build vs bare decode: {_secs(v.measured_build_seconds)} against "

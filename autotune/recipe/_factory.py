@@ -19,7 +19,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from autotune._loader import make_loader, with_transform
+from autotune._loader import Transformed, make_loader, with_transform
+from autotune.caches._disk_fill import DiskFill
 from autotune.caches._fill import FirstEpochCache, filling_source
 from autotune.caches._gather import cached_source
 from autotune.caches._key import dataset_key
@@ -120,12 +121,9 @@ def cache_location(profile: Any, dataset: Any, cache_dir: str | Path | None = No
     return caches.cache_path(backend, root, manifest)
 
 
-def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os.PathLike[str] | None,
-                   progress: bool, workers: int) -> Any:
-    """The opened (or built) cache of ``dataset``, or None when its samples are random: one warning
-    then, since a cache would freeze one draw of them for every epoch."""
-    from autotune import caches
-
+def _deterministic(dataset: Any, backend: str) -> bool:
+    """Whether ``dataset[i]`` may be cached; one warning when not, since a cache would freeze one draw
+    of its random samples for every epoch."""
     deterministic, _ = check_deterministic(dataset)
     if not deterministic:
         warnings.warn(
@@ -133,6 +131,15 @@ def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os
             "(it would freeze one draw for every epoch): move the random part into transform=..., which "
             "runs after the cache every epoch, to cache the deterministic part.",
             stacklevel=_caller_stacklevel())
+    return deterministic
+
+
+def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os.PathLike[str] | None,
+                   progress: bool, workers: int) -> Any:
+    """The opened (or built) cache of ``dataset``, or None when its samples are random (warned)."""
+    from autotune import caches
+
+    if not _deterministic(dataset, backend):
         return None
     manifest = {} if backend == "memory" else cache_manifest(dataset, _data_dir(profile))
     root = None if cache_dir is None else os.fspath(cache_dir)
@@ -140,16 +147,39 @@ def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os
                                 workers=workers)
 
 
-def _filling_source(dataset: Any) -> Any:
-    """A memory cache filled while the first epoch trains, or None when the samples are random (warned)."""
-    deterministic, _ = check_deterministic(dataset)
-    if not deterministic:
-        warnings.warn(
-            "dataset[i] returns different samples on two reads, so the 'memory' cache is not used (it would "
-            "freeze one draw for every epoch): move the random part into transform=..., which runs after the "
-            "cache every epoch, to cache the deterministic part.", stacklevel=_caller_stacklevel())
+def _filling_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os.PathLike[str] | None) -> Any:
+    """A cache filled while the first epoch trains (a disk cache already there is opened instead), or
+    None when the samples are random (warned)."""
+    from autotune.caches._registry import open_or_fill
+
+    if not _deterministic(dataset, backend):
         return None
-    return FirstEpochCache(dataset)
+    if backend == "memory":
+        return FirstEpochCache(dataset)
+    return open_or_fill(backend, dataset, root=None if cache_dir is None else os.fspath(cache_dir),
+                        manifest=cache_manifest(dataset, _data_dir(profile)))
+
+
+def _reading(source: Any, transform: Callable[..., Any] | None,
+             collate_fn: Callable[..., Any] | None) -> tuple[Any, Callable[..., Any] | None]:
+    """The dataset a loader reads from a cache or a fill, and the collate function to pass with it."""
+    if isinstance(source, FirstEpochCache):
+        return filling_source(source, transform, collate_fn)
+    if isinstance(source, DiskFill):
+        return Transformed(source, transform), collate_fn
+    return cached_source(source, transform, collate_fn)
+
+
+def world_size() -> int:
+    """The ranks of this training job (torch.distributed's group, else torchrun's ``WORLD_SIZE``)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | None = None,
@@ -194,12 +224,13 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
         config = config.replace(allocator="glibc", main_threads=None, worker_threads=None)
     source = None
     fill = config.cache_fill if config.cache else None
-    if fill == "first_epoch" and config.cache != "memory":
-        fill = "build"  # filling while training is the memory cache's (autotune/caches/_fill.py)
-        res.not_applied.append(f"cache_fill='first_epoch' with the {config.cache} cache: it is built first")
+    if fill == "first_epoch" and config.cache != "memory" and world_size() > 1:
+        fill = "build"  # each rank's first epoch reads its shard only: the node's one cache would never be whole
+        res.not_applied.append(f"cache_fill='first_epoch' with the {config.cache} cache in a job of several ranks: "
+                               "the node's cache is built first")
     if config.cache:
         if fill == "first_epoch":
-            source = _filling_source(dataset)
+            source = _filling_source(dataset, config.cache, profile, cache_dir)
         else:
             source = _cached_source(dataset, config.cache, profile, cache_dir, progress, build_workers())
         if source is None:
@@ -208,8 +239,7 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
             fill = None
     res.settings["cache_fill"], res.sources["cache_fill"] = fill, res.sources["cache"]
     if source is not None:
-        pick = filling_source if isinstance(source, FirstEpochCache) else cached_source
-        data, collate_fn = pick(source, transform, overrides.get("collate_fn"))
+        data, collate_fn = _reading(source, transform, overrides.get("collate_fn"))
         if collate_fn is not None:
             overrides["collate_fn"] = collate_fn
     else:

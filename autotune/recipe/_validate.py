@@ -42,6 +42,7 @@ from torch.utils.data import Sampler
 import autotune
 from autotune._api import load
 from autotune._loader import DeviceConsumer
+from autotune.caches._disk_fill import close_all
 from autotune.dataset._determinism import check_deterministic
 from autotune.dataset._fingerprint import dataset_fingerprint
 from autotune.dataset._userfile import load_user_file, require_map_style
@@ -122,6 +123,7 @@ class Validation:
     # the data the fresh process ran, as a search fingerprints it: its run is kept for that data only
     dataset_fingerprint: str | None = None
     dataset_length: int | None = None
+    finish_seconds: float = 0.0  # what the run waited for at its end: a first-epoch fill's commit
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -213,12 +215,13 @@ def _compare(profile: Any, on_this_machine: bool, timings: list[EpochTiming], bu
              measured_batches: int, epochs: int, report: _evict.EvictionReport | None, found_by: str,
              fits: bool | None, settings: dict[str, Any], batch_size: int, seed: int, notes: list[str],
              **extra: Any) -> Validation:
-    """Predicted (the profile's ``measured.chosen``) against measured, phase by phase."""
+    """Predicted (the profile's ``measured.chosen``) against measured, phase by phase; ``finish_seconds``
+    in ``extra`` is what the run waited for at its end (a fill's commit), part of the total."""
     first = scale_epoch(timings[0], full)
     warm = statistics.median(scale_epoch(t, full) for t in timings[1:]) if len(timings) > 1 else None
     predicted = profile.measured.chosen
     pred_first, pred_warm = predicted.first_epoch_seconds, predicted.epoch_seconds
-    total = build_seconds + first + (warm or 0.0) * (epochs - 1)
+    total = build_seconds + first + (warm or 0.0) * (epochs - 1) + extra.get("finish_seconds", 0.0)
     pred_total = predicted.total_seconds
     if pred_total is not None and predicted.epoch_seconds is not None and epochs != (profile.settings or {}).get(
             "epochs", epochs):  # the same model for the epochs run
@@ -374,6 +377,9 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
     timings = [_timed_epoch(loader, consume) for _ in range(epochs)]
     settings = dict(getattr(getattr(loader, "autotune", None), "settings", {}) or {})
     del loader
+    start = time.perf_counter()
+    close_all()  # what exit does before the process can end: a first-epoch fill's commit (caches/_disk_fill.py)
+    finish_seconds = time.perf_counter() - start
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -384,6 +390,7 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
     fingerprint = dataset_fingerprint(dataset, spec.source_text)
     return {
         "timings": [asdict(t) for t in timings], "build_seconds": build_seconds, "report": report.to_dict(),
+        "finish_seconds": finish_seconds,
         "found_by": found_by, "fits": fits, "settings": {k: v if isinstance(v, (str, int, float, bool, type(None)))
                                                          else repr(v) for k, v in settings.items()},
         "full": full, "measured_batches": measured_batches, "ready_wall": ready_wall, "loaded_wall": loaded_wall,
@@ -449,7 +456,7 @@ def validate_fresh(recipe: Any, recipe_path: str | os.PathLike[str], target: str
                     seed=seed, notes=notes, fresh_process=True, process_start_seconds=got["loaded_wall"] - spawned,
                     bare_decode_seconds=got["bare_decode_seconds"], bare_decode_workers=got["bare_decode_workers"],
                     build_parts=got["build_parts"], dataset_fingerprint=got["dataset_fingerprint"],
-                    dataset_length=got["dataset_length"])
+                    dataset_length=got["dataset_length"], finish_seconds=got["finish_seconds"])
 
 
 def _main(argv: list[str]) -> int:

@@ -93,6 +93,8 @@ def build_space(probe: Probe, limits: Limits) -> Space:
         main_threads=main_threads,
         persistent=(False,) if limits.stateful else (False, True),
         caches=caches,
-        cache_fills=("build", "first_epoch") if "memory" in caches else ("build",),
+        cache_fills=("build", "first_epoch") if any(caches) else ("build",),
+        # Each rank's first epoch reads only its shard: a node's shared disk cache would never be whole.
+        filled_caches=tuple(c for c in caches if c and (c == "memory" or max(1, limits.ranks) == 1)),
         allocators=allocator_choices(limits),
     )

@@ -20,6 +20,7 @@ from torch.utils.data import Subset
 
 from autotune import caches
 from autotune._loader import DeviceConsumer, Transformed, make_loader, with_transform
+from autotune.caches._disk_fill import DiskFill
 from autotune.caches._fill import FirstEpochCache, filling_source
 from autotune.caches._gather import cached_source
 from autotune.caches._key import dataset_key
@@ -124,6 +125,13 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
     # The runner gives each trial its own folder and removes it afterwards, even when it kills the trial.
     root = plan.cache_root or tempfile.mkdtemp(prefix="autotune-trial-")
     _hold_trial_folder(root)
+    if config.cache_fill == "first_epoch":  # a disk cache: one rank only (build_space)
+        start = time.perf_counter()
+        expected = caches.expected_manifest({"dataset": workload.fingerprint, "trial": True}, plan.indices)
+        fill = DiskFill(config.cache, workload.dataset, os.path.join(root, f"{config.cache}-fill"), expected,
+                        plan.indices)
+        build_seconds = time.perf_counter() - start
+        return Source(Transformed(fill, workload.transform), workload.collate_fn, build_seconds, cache=fill)
     indices, length = plan.cached()
     head = None
     if len(indices) < length and len(indices) > 4 * _BUILD_HEAD:
@@ -323,6 +331,12 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
         peak = max(peak, memory)
     del loader
     gc.collect()
+    if isinstance(source.cache, DiskFill):
+        # Its commit runs beside the later epochs; what is left of it when they end, the run waits for at
+        # exit (``_disk_fill``): a cost of the data, so it scales with the length as a build does.
+        start = time.perf_counter()
+        source.cache.close()
+        fixed += (time.perf_counter() - start) * plan.length / len(plan.indices)
     peak = whole_run_peak(peak, source.memory_bytes, build_samples, build_length)
     first, warm = timings[0], timings[-1]
     length = plan.length

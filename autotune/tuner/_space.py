@@ -36,9 +36,11 @@ class Space:
     persistent: tuple[bool, ...] = (False, True)
     caches: tuple[str | None, ...] = (None,)
     allocators: tuple[str, ...] = ("glibc",)
-    # When a cache is filled: before the first epoch ("build") or while it trains ("first_epoch", the
-    # memory cache only, autotune/caches/_fill.py); asked only where a memory cache was drawn.
+    # When a cache is filled: before the first epoch ("build") or while it trains ("first_epoch":
+    # autotune/caches/_fill.py for memory, _disk_fill.py for the others); asked only where one of
+    # ``filled_caches`` was drawn (a disk cache's fill needs one rank: build_space).
     cache_fills: tuple[str, ...] = ("build",)
+    filled_caches: tuple[str, ...] = ("memory",)
 
     def suggest(self, trial: Any) -> LoaderConfig:
         """Draw a configuration from an Optuna trial; dependent knobs are asked only where they apply."""
@@ -55,7 +57,7 @@ class Space:
             values["pin_memory"] = trial.suggest_categorical("pin_memory", [False, True])
         values["main_threads"] = _choose(trial, "main_threads", self.main_threads, None)
         values["cache"] = _none_from(_choose(trial, "cache", [c or "none" for c in self.caches], "none"))
-        if values["cache"] == "memory":
+        if values["cache"] in self.filled_caches:
             values["cache_fill"] = _choose(trial, "cache_fill", self.cache_fills, "build")
         values["allocator"] = _choose(trial, "allocator", self.allocators, DEFAULT.allocator)
         return LoaderConfig(**values)

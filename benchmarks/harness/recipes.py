@@ -61,5 +61,7 @@ def recipe_setup(profile_dict: dict, dataset_fn: Callable[[], Any], files_fn: Ca
         consume = consumer(recipe.config) if consumer is not None else DeviceConsumer(recipe.config.pin_memory)
         return loader, consume
 
-    return Setup(files=files_fn(dataset), prepare=prepare,
+    from autotune.caches._disk_fill import close_all  # what the process's exit would do: a fill's commit
+
+    return Setup(files=files_fn(dataset), prepare=prepare, finish=close_all,
                  info={"config": Recipe(profile).config.describe(), "allocator": profile.config.allocator})
