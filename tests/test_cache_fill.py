@@ -150,3 +150,25 @@ def test_the_factory_fills_while_the_first_epoch_trains(tmp_path):
         assert all(samples_equal(s, dataset[i]) for i, s in enumerate(_epoch(loader)))
     plain = autotune.load(path).dataloader(dataset, cache="pickle", cache_dir=tmp_path / "c", progress=False)
     assert plain.autotune.settings["cache_fill"] == "build"
+
+
+def test_the_fill_writes_memory_files_and_closes_their_descriptors():
+    import gc
+    import os
+
+    before = len(os.listdir("/proc/self/fd"))
+    dataset = Numeric()
+    cache = FirstEpochCache(dataset)
+    assert cache.files is not None and len(cache.files) == len(cache.schema.columns)
+    assert len(os.listdir("/proc/self/fd")) > before
+    loader = DataLoader(cache, batch_size=None, num_workers=2, multiprocessing_context="fork", collate_fn=_same)
+    assert all(samples_equal(sample, dataset[i]) for i, sample in enumerate(loader))
+    assert cache.filled_count == len(dataset) - 1  # written by the workers through the files
+    assert all(samples_equal(cache[i], dataset[i]) for i in range(len(dataset)))
+    del cache, loader
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def _same(sample):
+    return sample

@@ -4,8 +4,9 @@ The semantics of tf.data's ``cache()``: the first epoch reads the source as a lo
 would, in the same workers, and each sample it decodes goes both to training and into the cache;
 later epochs read the cache. There is no separate build pass before training starts.
 
-Position k holds ``dataset[indices[k]]``. Its columns live in anonymous shared memory created before
-the workers fork (as the built memory cache's do, ``caches._memory``), with one ``filled`` byte per
+Position k holds ``dataset[indices[k]]``. Its columns live in memory files (or, without
+``memfd_create``, anonymous shared memory) created before the workers fork, written through their
+descriptors as the built memory cache's are (``caches._memory``), with one ``filled`` byte per
 sample: a worker writes a sample's columns, then sets its byte; every reader trusts a sample only
 when its byte is set and reads the source otherwise. So every epoch yields exactly ``dataset[i]``,
 a partial first epoch (interrupted, or a sampler that skips samples) leaves a partial cache that
@@ -22,6 +23,7 @@ nothing (exact, but no faster; a search measures that and chooses otherwise).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,7 +31,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from autotune.caches._codec import decode, encode, infer_schema
-from autotune.caches._memory import _shared_array
+from autotune.caches._memory import _file_columns, _shared_array
 
 _HEAD = 8  # samples read before the workers start, to fix the schema (the built cache reads as many)
 
@@ -47,8 +49,13 @@ class FirstEpochCache(Dataset[Any]):
             raise ValueError("A cache needs at least one sample, but got 0 indices.")
         head = [dataset[i] for i in self.indices[:_HEAD]]
         self.schema = infer_schema(head)
-        self.columns = [_shared_array((n, *leaf.shape), leaf.np_dtype) for leaf in self.schema.columns]
+        # Memory files where the OS has them, written through their descriptors (no fault and no zeroing
+        # per fresh page, as the built cache's: ``caches._memory``), else shared anonymous memory.
+        self.files = _file_columns(self.schema, n)
+        self.columns = ([f.array for f in self.files] if self.files is not None
+                        else [_shared_array((n, *leaf.shape), leaf.np_dtype) for leaf in self.schema.columns])
         self.filled = _shared_array((n,), np.dtype(np.uint8))
+        self.owner = os.getpid()
         self.attached = True  # False in a pickled copy: its columns are not shared, so it only reads
         for k, sample in enumerate(head):
             self._keep(k, sample)
@@ -58,8 +65,14 @@ class FirstEpochCache(Dataset[Any]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["columns"], state["filled"], state["attached"] = None, None, False
+        state["columns"], state["filled"], state["attached"], state["files"] = None, None, False, None
         return state
+
+    def __del__(self) -> None:
+        files = getattr(self, "files", None)
+        if files is not None and getattr(self, "owner", None) == os.getpid():
+            for f in files:
+                f.close()  # the descriptors; the mappings live while the arrays do
 
     @property
     def filled_count(self) -> int:
@@ -80,8 +93,12 @@ class FirstEpochCache(Dataset[Any]):
         enc = encode(self.schema, sample)
         if enc.columns is None:  # overflow: not kept, read from the source every epoch
             return
-        for column, value in zip(self.columns, enc.columns):
-            column[k] = value
+        if self.files is not None:
+            for file, value in zip(self.files, enc.columns):
+                file.write(k, value)
+        else:
+            for column, value in zip(self.columns, enc.columns):
+                column[k] = value
         self.filled[k] = 1  # after the columns: a reader that sees the byte sees the sample
 
     def __getitem__(self, k: int) -> Any:
