@@ -37,7 +37,7 @@ WORKERS ?= 2
 test: check
 	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
-# Every script in benchmarks/ (47 minutes on 2 quiet CPUs, 2026-12-01); `make bench BENCH_ARGS=--quick` is the smoke test.
+# Every script in benchmarks/ (~57 minutes on 2 quiet CPUs, 2026-12-01); `make bench BENCH_ARGS=--quick` is the smoke test.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py $(BENCH_ARGS)
 

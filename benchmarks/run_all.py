@@ -15,7 +15,7 @@ Minutes are those of the 2-CPU machine the README quotes (each result's ``wall_s
 8. prediction.py        3 examples x (a 60 s search, 3 stored validations, a 60 s search that learns
                         from them, 3 validations of its recipe)                              (~10 min)
 9. cache_fill.py        2000 JPEGs, 3 epochs; no cache, and each backend built first (0 or 2 workers)
-                        or filled by the first epoch (2 workers): 14 cells x 3 repeats       (~5 min)
+                        or filled by the first epoch (2 workers): 14 cells x 3 repeats      (~10 min)
 
 Each script prints its Markdown table (passed through here). Timings are only worth quoting from a quiet
 machine (see docs/architecture.md, "Measuring on small machines"). ``--quick`` runs every script's smoke

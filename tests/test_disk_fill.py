@@ -92,7 +92,7 @@ def test_every_epoch_is_exact_and_the_whole_fill_becomes_the_cache(tmp_path, bac
 def test_spawned_workers_fill_it_and_read_it_back(tmp_path):
     dataset = Mixed()
     fill = open_or_fill("pickle", dataset, root=tmp_path, manifest={"key": "mixed"})
-    loader = _loader(fill, 2, "spawn")
+    loader = _loader(fill, 2, "spawn", persistent=True)  # spawned once: each start imports torch
     assert _exact(loader, dataset) == len(dataset)
     assert fill.filled_count == len(dataset)
     spools = sorted(p.name for p in fill.staging.glob("spool-*.bin"))
