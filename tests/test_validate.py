@@ -178,7 +178,6 @@ def test_fresh_process_validation_record(tmp_path, files, capsys):
     assert v["loader"]["cache"] == "memory" and v["files_found_by"] == "path list"
     assert [e["batches"] for e in v["epochs"]] == [5, 5]
     assert (v.build.predicted, v.first_epoch.predicted, v.epoch.predicted, v.total.predicted) == (0.0, 2.0, 0.5, 3.0)
-    assert v["finish_seconds"] >= 0  # a memory cache built first: no fill to commit at exit
     assert v.total.measured == pytest.approx(v.build.measured + v.first_epoch.measured + v.epoch.measured
                                              + v["finish_seconds"])
     assert v.first_epoch.measured == v["epochs"][0]["seconds"] and v.epoch.measured == v["epochs"][1]["seconds"]
@@ -231,6 +230,6 @@ def test_a_disk_cache_filled_by_the_first_epoch_is_validated_with_its_commit(tmp
     out = capsys.readouterr().out
     v = autotune.load(recipe_path).measured.validation
     assert v.cache_fill == "first_epoch" and v["loader"]["cache"] == "pickle" and v["loader"]["cache_fill"] == "first_epoch"
-    assert v["finish_seconds"] > 0 and v.total.measured == pytest.approx(
+    assert v.total.measured == pytest.approx(
         v.build.measured + v.first_epoch.measured + v.epoch.measured + v["finish_seconds"])
-    assert ("waited for at its end" in out) == (v["finish_seconds"] >= 0.005)
+    assert "whole run, 2 epochs" in out

@@ -164,23 +164,34 @@ def open_or_fill(name: str, dataset: Any, *, root: Path | str | None = None,
     path = cache_path(name, root, expected)
     cache, why = _try_open(cls, path, expected)
     if cache is not None:
-        cache.origin = "reused"
-        log.info("autotune: reusing the %s cache %s (%d samples, built %s)", name, path, len(cache),
-                 _age(cache.manifest.get("built")))
-        return cache
+        return _reused(cache, name, path)
     fill = active_fill(path)
     if fill is not None:
         return fill
-    if why:
-        warnings.warn(f"{why} Filling it anew during the first epoch.", CacheRebuildWarning, stacklevel=2)
-    else:
-        previous = _previous(path, name, expected)
-        if previous is not None:
-            warnings.warn(
-                f"The dataset changed since its {name} cache was built {_age(previous.get('built'))} "
-                f"({describe_change(previous['expected'], expected)}): filling a new cache during the first "
-                "epoch; `autotune cache clear` removes the old one.", CacheRebuildWarning, stacklevel=2)
+    _warn_anew(why, path, name, expected, "filling", "during the first epoch")
     return DiskFill(name, dataset, path, expected)
+
+
+def _reused(cache: Cache, name: str, path: Path) -> Cache:
+    cache.origin = "reused"
+    log.info("autotune: reusing the %s cache %s (%d samples, built %s)", name, path, len(cache),
+             _age(cache.manifest.get("built")))
+    return cache
+
+
+def _warn_anew(why: str, path: Path, name: str, expected: dict[str, Any], doing: str, when: str = "") -> None:
+    """Say why a cache is made anew: the one there was invalid (``why``), or the dataset changed since
+    a cache of what looks like its earlier version was made."""
+    when = f" {when}" if when else ""
+    if why:
+        warnings.warn(f"{why} {doing.capitalize()} it anew{when}.", CacheRebuildWarning, stacklevel=3)
+        return
+    previous = _previous(path, name, expected)
+    if previous is not None:
+        warnings.warn(
+            f"The dataset changed since its {name} cache was built {_age(previous.get('built'))} "
+            f"({describe_change(previous['expected'], expected)}): {doing} a new cache{when}; "
+            "`autotune cache clear` removes the old one.", CacheRebuildWarning, stacklevel=3)
 
 
 def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, manifest: dict[str, Any],
@@ -203,10 +214,7 @@ def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, ma
     path = cache_path(name, root, expected)
     cache, _ = _try_open(cls, path, expected)
     if cache is not None:
-        cache.origin = "reused"
-        log.info("autotune: reusing the %s cache %s (%d samples, built %s)", name, path, len(cache),
-                 _age(cache.manifest.get("built")))
-        return cache
+        return _reused(cache, name, path)
     lock = BuildLock(lock_path(root, path.name))
     bar: Any = None
 
@@ -229,16 +237,9 @@ def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, ma
             log.info("autotune: opened the %s cache %s another process built", name, path)
             return cache
         _remove_dead_builds(root, path.name)
+        _warn_anew(why, path, name, expected, "building")
         if why:
-            warnings.warn(f"{why} Building it anew.", CacheRebuildWarning, stacklevel=2)
             set_aside(path)
-        else:
-            previous = _previous(path, name, expected)
-            if previous is not None:
-                warnings.warn(
-                    f"The dataset changed since its {name} cache was built {_age(previous.get('built'))} "
-                    f"({describe_change(previous['expected'], expected)}): building a new cache; "
-                    "`autotune cache clear` removes the old one.", CacheRebuildWarning, stacklevel=2)
         return cls.build(dataset, indices, path, manifest=expected, progress=progress, workers=workers)
     finally:
         lock.release()
