@@ -223,3 +223,30 @@ def test_the_space_asks_for_the_fill_of_the_caches_it_names():
     assert space.params_for(LoaderConfig(cache="pickle", cache_fill="first_epoch"))["cache_fill"] == "first_epoch"
     only_memory = Space(max_workers=0, caches=(None, "memory", "pickle"), cache_fills=("build", "first_epoch"))
     assert [c.cache for c in only_memory.grid() if c.cache_fill == "first_epoch"] == ["memory"]
+
+
+class Decoding(Dataset):
+    """A source that costs something to read (as decoding does), cheap to read back from a cache."""
+
+    def __len__(self) -> int:
+        return 120
+
+    def __getitem__(self, i: int):
+        time.sleep(0.003)
+        return torch.full((16,), float(i))
+
+
+@pytest.mark.parametrize("cache", ["memory", "pickle"])
+def test_a_fills_running_figure_counts_its_slow_first_epoch_once(tmp_path, cache):
+    """The pruner reads a running figure of the whole run; a fill's first epoch (decode and write) is no
+    measure of the later ones (read back), so extrapolating it to every epoch would prune the fill."""
+    from autotune.tuner._measure import Plan, Workload, measure
+
+    reports: list[tuple[int, float]] = []
+    plan = Plan(indices=list(range(120)), length=120, epochs_measured=2, cache_root=str(tmp_path / "trial"))
+    (tmp_path / "trial").mkdir(mode=0o700)
+    figures = measure(Workload(dataset=Decoding(), batch_size=4, epochs=20),
+                      LoaderConfig(cache=cache, cache_fill="first_epoch"), plan,
+                      report=lambda step, value: reports.append((step, value)))
+    end_of_first = [value for step, value in reports if step == 2]
+    assert end_of_first and end_of_first[-1] <= figures.prediction.total_seconds

@@ -302,6 +302,10 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     build_samples = len(cached_indices)
     build_full = fixed + build_seconds * build_length / build_samples
     restarts = 1 if config.persistent_workers else workload.epochs  # worker start-up paid per epoch
+    # A fill's first epoch decodes and writes the cache, the later ones read it: extrapolated to every
+    # epoch it would be far too high and prune the candidate, so the running figure counts it once (a
+    # lower bound, as step 0's is). Without a fill, the first epoch stands for all of them.
+    epochs_like_the_first = 1 if config.cache and config.cache_fill == "first_epoch" else workload.epochs
 
     def progress(epoch: int) -> Callable[[int, float, float], None]:
         """Report the figure so far: step 0 a lower bound from the first batch, then running estimates."""
@@ -318,7 +322,7 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
             elif count in checkpoints and count > HEAD:
                 per_batch = (elapsed - head[0]) / (count - HEAD)
                 epoch_s = head[0] + per_batch * (full_batches - HEAD)
-                report(checkpoints[count], build_full + epoch_s * workload.epochs)
+                report(checkpoints[count], build_full + epoch_s * epochs_like_the_first)
 
         return on_batch
 
