@@ -201,9 +201,20 @@ class DiskFill(Dataset[Any]):
 
     # ------------------------------------------------------------------ commit (the filling process only)
 
+    def _whole_now(self) -> bool:
+        """``whole``, through a view of its own: the commit thread must not share the training thread's."""
+        try:
+            return bool(_Local(self.staging, len(self.indices)).filled.all())
+        except (OSError, ValueError):
+            return False
+
     def _watch(self) -> None:
+        try:  # a view of the thread's own: the training thread creates and uses the process's view
+            filled = _Local(self.staging, len(self.indices)).filled
+        except (OSError, ValueError):
+            return
         while not self._stop.wait(_POLL):
-            if self.whole:
+            if filled.all():
                 self.commit()
                 return
 
@@ -211,7 +222,7 @@ class DiskFill(Dataset[Any]):
         """Write the cache at ``path`` if the fill is whole and nobody wrote it yet; whether this call or
         an earlier one did. Never raises: a failed commit is logged and leaves no cache."""
         with self._commit_lock:
-            if self.committed is not None or os.getpid() != self.owner or not self.whole:
+            if self.committed is not None or os.getpid() != self.owner or not self._whole_now():
                 return bool(self.committed)
             try:
                 self.committed = self._commit()

@@ -19,8 +19,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from autotune._loader import Transformed, make_loader, with_transform
-from autotune.caches._disk_fill import DiskFill
+from autotune._loader import make_loader, with_transform
 from autotune.caches._fill import FirstEpochCache, filling_source
 from autotune.caches._gather import cached_source
 from autotune.caches._key import dataset_key
@@ -165,9 +164,7 @@ def _reading(source: Any, transform: Callable[..., Any] | None,
     """The dataset a loader reads from a cache or a fill, and the collate function to pass with it."""
     if isinstance(source, FirstEpochCache):
         return filling_source(source, transform, collate_fn)
-    if isinstance(source, DiskFill):
-        return Transformed(source, transform), collate_fn
-    return cached_source(source, transform, collate_fn)
+    return cached_source(source, transform, collate_fn)  # a disk fill reads as a disk cache does
 
 
 def world_size() -> int:

@@ -131,7 +131,8 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
         fill = DiskFill(config.cache, workload.dataset, os.path.join(root, f"{config.cache}-fill"), expected,
                         plan.indices)
         build_seconds = time.perf_counter() - start
-        return Source(Transformed(fill, workload.transform), workload.collate_fn, build_seconds, cache=fill)
+        dataset, collate_fn = cached_source(fill, workload.transform, workload.collate_fn)
+        return Source(dataset, collate_fn, build_seconds, cache=fill)
     indices, length = plan.cached()
     head = None
     if len(indices) < length and len(indices) > 4 * _BUILD_HEAD:
