@@ -22,6 +22,7 @@ import autotune
 from autotune import caches, cli
 from autotune.caches import CacheRebuildWarning, UntrustedCache, open_or_build
 from autotune.caches._codec import samples_equal
+from autotune.caches._draws import RandomSamples
 from autotune.config import LoaderConfig
 from autotune.machine import _hardware as hardware
 from autotune.recipe._factory import cache_location
@@ -218,15 +219,17 @@ def test_two_samples_relabelled_on_disk_are_noticed(tmp_path, backend, keep_mtim
     assert [y for _, y in epoch(loader)] == relabelled
 
 
-def test_the_open_time_probe_catches_a_cache_that_differs_from_the_live_dataset(tmp_path):
+def test_a_build_whose_samples_differ_from_the_probed_ones_stores_nothing(tmp_path):
     dataset = table(12)
     manifest = caches.dataset_key(dataset)
     changed = table(12)
     changed.values[4, 1] = -1  # the data changed while the cache was being built
-    with pytest.raises(caches.StaleCache, match="differs from the live dataset at sample 4"):
-        open_or_build("pickle", changed, manifest=manifest, progress=False)
-    with pytest.warns(CacheRebuildWarning, match="sample 4.*anew"):
-        cache = open_or_build("pickle", dataset, manifest=manifest, progress=False)
+    root = tmp_path / "root"
+    with pytest.raises(RandomSamples, match=r"dataset\[4\] read differently twice within one build"):
+        open_or_build("pickle", changed, root=root, manifest=manifest, progress=False)
+    assert [p.name for p in root.iterdir() if not p.name.startswith((".", "CACHEDIR"))] == []
+    assert not [p for p in root.iterdir() if ".tmp-" in p.name]
+    cache = open_or_build("pickle", dataset, root=root, manifest=manifest, progress=False)
     assert cache.origin == "built" and all(samples_equal(cache[k], dataset[k]) for k in range(12))
 
 

@@ -21,11 +21,15 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from autotune.caches import _provenance
 from autotune.caches._codec import Schema, infer_schema, sample_digest
+from autotune.caches._draws import RandomSamples, WatchedReads, message
+from autotune.caches._provenance import Sources
 from autotune.caches._trust import check_trusted
 from autotune.errors import AutotuneError
 
-FORMAT_VERSION = 3  # 2: content-addressed directories, build facts, probe digests; 3: pickle's record index
+FORMAT_VERSION = 4  # 2: content-addressed directories, build facts, probe digests; 3: pickle's record index;
+# 4: the sources every sample was read from (``_provenance``), a signed manifest
 MANIFEST_NAME = "manifest.json"
 _SCHEMA_PROBE = 8  # samples read before the schema is fixed
 
@@ -46,39 +50,61 @@ class _Indexed(torch.utils.data.Dataset[Any]):
     """Positions -> ``dataset[indices[k]]`` pickled with protocol 5, a chunk of them in one uint8 tensor:
     the reader a parallel build iterates. The worker queue pickles with protocol 4, which turns
     big-endian numpy arrays little-endian; protocol-5 bytes keep every sample exact. One tensor per
-    chunk crosses to the main process through shared memory, not the queue's pipe, and once per chunk."""
+    chunk crosses to the main process through shared memory, not the queue's pipe, and once per chunk,
+    with the source files the chunk's reads opened or the worker holds (``_provenance``) when
+    ``record``, and each read watched for random draws (``_draws``)."""
 
-    def __init__(self, dataset: Any, indices: Sequence[int]):
-        self.dataset, self.indices = dataset, indices
+    def __init__(self, dataset: Any, indices: Sequence[int], record: bool):
+        self.reads, self.indices, self.record = WatchedReads(dataset), indices, record
+        self._sources: Sources | None = None
+        self._sent = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_sources": None, "_sent": 0}
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __getitem__(self, k: int) -> bytes:
-        return pickle.dumps(self.dataset[self.indices[k]], protocol=5)
+        return pickle.dumps(self.reads.read(self.indices[k]), protocol=5)
 
-    def __getitems__(self, positions: list[int]) -> tuple[torch.Tensor, list[int]]:
-        wires = [self[k] for k in positions]
-        return torch.frombuffer(bytearray(b"".join(wires)), dtype=torch.uint8), [len(w) for w in wires]
+    def __getitems__(self, positions: list[int]) -> tuple[torch.Tensor, list[int], list[tuple[str, Any]]]:
+        if not self.record:
+            wires = [self[k] for k in positions]
+            return torch.frombuffer(bytearray(b"".join(wires)), dtype=torch.uint8), [len(w) for w in wires], []
+        if self._sources is None:
+            self._sources = Sources()
+        with self._sources.recording():
+            wires = [self[k] for k in positions]
+        self._sources.scan_process()
+        new = list(self._sources.seen.items())[self._sent:]
+        self._sent += len(new)
+        return torch.frombuffer(bytearray(b"".join(wires)), dtype=torch.uint8), [len(w) for w in wires], new
 
 
 _CHUNK = 16
 
 
 def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progress: bool = True,
-                desc: str = "Building cache") -> Generator[Any, None, None]:
-    """Yield ``dataset[i]`` for i in ``indices`` in order, decoded by ``workers`` DataLoader workers."""
+                desc: str = "Building cache", sources: Sources | None = None) -> Generator[Any, None, None]:
+    """Yield ``dataset[i]`` for i in ``indices`` in order, decoded by ``workers`` DataLoader workers.
+    Every read is watched (RandomSamples when one drew from a random generator, ``_draws``); with
+    ``sources``, every source file the reads opened or the reading processes hold goes into it."""
     from tqdm.auto import tqdm
 
+    if sources is not None:
+        sources.scan_process(maps=True)  # what the dataset holds since before the build (workers inherit it)
     with tqdm(total=len(indices), desc=desc, unit="sample", disable=not progress, leave=False) as bar:
         if workers > 0:
             loader = torch.utils.data.DataLoader(
-                _Indexed(dataset, indices), batch_size=_CHUNK, shuffle=False, num_workers=workers,
-                collate_fn=_identity,  # the chunk is already one tensor and its lengths
+                _Indexed(dataset, indices, sources is not None), batch_size=_CHUNK, shuffle=False,
+                num_workers=workers, collate_fn=_identity,  # the chunk is already one tensor and its lengths
             )
             it = iter(loader)
             try:
-                for wire, lengths in it:
+                for wire, lengths, opened in it:
+                    if sources is not None:
+                        sources.update(dict(opened))
                     view = memoryview(wire.numpy())
                     start = 0
                     for length in lengths:
@@ -88,9 +114,30 @@ def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progr
             finally:
                 it._shutdown_workers()  # type: ignore[attr-defined]  # private, and the only way: an interrupted build leaves no worker behind
         else:
+            reads = WatchedReads(dataset)
             for i in indices:
-                yield dataset[i]
+                if sources is None:
+                    sample = reads.read(i)
+                else:
+                    with sources.recording():
+                        sample = reads.read(i)
+                yield sample
                 bar.update(1)
+    if sources is not None:
+        sources.scan_process(maps=True)
+
+
+def checked_against_probes(samples: Iterator[Any], indices: Sequence[int],
+                           probes: dict[str, str] | None) -> Generator[Any, None, None]:
+    """``samples`` (position k is ``dataset[indices[k]]``), each probed one compared with the digest the
+    live dataset gave for it when the key was taken: RandomSamples at the first that differs, before
+    anything is stored as a cache (a sample random at a few indices, or one that changed meanwhile)."""
+    wanted = {int(i): d for i, d in (probes or {}).items()}
+    for k, sample in enumerate(samples):
+        digest = wanted.get(int(indices[k])) if wanted else None
+        if digest is not None and sample_digest(sample).hex()[:len(digest)] != digest:
+            raise RandomSamples(message(int(indices[k]), "read differently twice within one build"))
+        yield sample
 
 
 def indices_digest(indices: Sequence[int]) -> str:
@@ -107,6 +154,20 @@ def manifest_difference(stored: dict[str, Any], expected: dict[str, Any]) -> str
     diffs = [f"{k}: cached {stored.get(k)!r}, expected {expected.get(k)!r}"
              for k in keys if stored.get(k) != expected.get(k)]
     return "; ".join(diffs[:3])
+
+
+def sources_for(manifest: dict[str, Any], root: Path) -> Sources:
+    """A record of a build's sources, with every file under the key's ``data_dir`` in it when it names one
+    (files read by native code are seen no other way); autotune's own cache folder under ``root`` is not
+    a source."""
+    sources = Sources(exclude=[root])
+    data_dir = (manifest.get("facts") or {}).get("data_dir")
+    if isinstance(data_dir, str) and os.path.isdir(data_dir):
+        from autotune.machine._evict import files_under
+
+        for f in sorted(files_under(data_dir)):
+            sources.add(f)
+    return sources
 
 
 def _fsync_path(path: Path) -> None:
@@ -269,15 +330,19 @@ class DiskCache(Cache):
         tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
         tmp.mkdir(mode=0o700)
         os.chmod(tmp, 0o700)  # whatever the umask: only its owner may write a cache (see _trust)
+        sources = sources_for(manifest, path.parent)
         samples = read_source(dataset, indices, workers=workers, progress=progress,
-                              desc=f"Building {cls.name} cache")
+                              desc=f"Building {cls.name} cache", sources=sources)
+        checked = checked_against_probes(samples, indices, manifest.get("probes"))
         try:
-            head = list(itertools.islice(samples, min(_SCHEMA_PROBE, len(indices))))
+            head = list(itertools.islice(checked, min(_SCHEMA_PROBE, len(indices))))
             schema = infer_schema(head)
             stored = stored_manifest(cls.name, manifest, indices, schema)
-            stored["meta"] = cls._write(tmp, schema, len(indices), samples, head)
+            stored["meta"] = cls._write(tmp, schema, len(indices), checked, head)
+            stored["sources"] = _provenance.write(tmp, sources.kept())
             placed = cls._finish(tmp, path, stored)
         except BaseException:
+            checked.close()
             samples.close()
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -359,6 +424,7 @@ class DiskCache(Cache):
             if actual != size:
                 raise CorruptCache(f"Cache file {f} has {actual} bytes, but the manifest says {size}.")
             check_trusted(f, "Cache file")
+        _check_sources(path, stored)
         try:
             cache = cls(path, stored)
         except (KeyError, ValueError) as exc:
@@ -380,6 +446,20 @@ class DiskCache(Cache):
     def _check(self, k: int) -> None:
         """Raise CorruptCache when sample ``k`` fails its checksum; the default decodes it."""
         self[k]
+
+
+def _check_sources(path: Path, stored: dict[str, Any]) -> None:
+    """Every source file the cache's samples were read from is as it was then (``_provenance``):
+    StaleCache naming the changed ones when not, CorruptCache when the record is not the manifest's."""
+    entry = stored.get("sources")
+    if not isinstance(entry, dict):
+        raise CorruptCache(f"Cache manifest at {path} records no sources.")
+    try:
+        changed = _provenance.changed(path, entry)
+    except _provenance.BadRecord as exc:
+        raise CorruptCache(f"Cache at {path} is corrupt ({exc}).") from None
+    if changed:
+        raise StaleCache(f"Cache at {path} is stale: {_provenance.describe(changed, int(entry['count']))}.")
 
 
 def _check_probes(cache: Cache, probes: dict[str, Any] | None) -> None:

@@ -31,6 +31,7 @@ by the next builder of that cache if the process was killed. The next run opens 
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import secrets
@@ -44,9 +45,12 @@ from typing import Any, cast
 import numpy as np
 from torch.utils.data import Dataset
 
-from autotune.caches._base import DiskCache
-from autotune.caches._codec import infer_schema, pack, unpack
+from autotune.caches import _provenance
+from autotune.caches._base import DiskCache, sources_for
+from autotune.caches._codec import infer_schema, pack, sample_digest, unpack
+from autotune.caches._draws import WatchedReads, message
 from autotune.caches._lock import BuildLock
+from autotune.caches._provenance import Sources
 
 log = logging.getLogger("autotune")
 
@@ -67,9 +71,10 @@ class _Local:
         self.pid = os.getpid()
         self.writer = self.pid if writer is None else writer  # names the spool this view appends to
         self.staging = staging
-        raw = np.memmap(staging / INDEX, dtype=np.uint8, mode="r+", shape=(n * 33,))
+        raw = np.memmap(staging / INDEX, dtype=np.uint8, mode="r+", shape=(n * 33 + 1,))
         self.where = raw[: n * 32].view(np.int64).reshape(n, 4)
-        self.filled = raw[n * 32:]
+        self.filled = raw[n * 32:n * 33]
+        self.random = raw[n * 33:]  # set by the first read that drew randomness: no record is trusted then
         self.write_fd: int | None = None
         self.write_offset = 0
         self.broken = False
@@ -77,7 +82,7 @@ class _Local:
 
     def record(self, k: int) -> bytes | None:
         """The record at position ``k`` when it is there and whole, else None."""
-        if not self.filled[k]:
+        if not self.filled[k] or self.random[0]:
             return None
         pid, offset, length, crc = (int(x) for x in self.where[k])
         if length <= 0:
@@ -92,7 +97,7 @@ class _Local:
         return data if len(data) == length and zlib.crc32(data) == crc else None
 
     def append(self, k: int, record: bytes) -> None:
-        if self.broken:
+        if self.broken or self.random[0]:
             return
         try:
             if self.write_fd is None:
@@ -136,10 +141,13 @@ class DiskFill(Dataset[Any]):
         self._alive = BuildLock(self.staging / LOCK)
         self._alive.acquire()
         with open(self.staging / INDEX, "wb") as fh:
-            fh.truncate(n * 33)
+            fh.truncate(n * 33 + 1)
         self.owner = os.getpid()
         self._local: _Local | None = None
-        head = [dataset[i] for i in self.indices[:_HEAD]]
+        self._reads = WatchedReads(dataset)
+        self._sources: Sources | None = None  # this process's record of what its reads opened (``_provenance``)
+        self._sources_sent, self._sources_pid = 0, 0
+        head = [self._read(k) for k in range(min(_HEAD, n))]
         self.schema = infer_schema(head)
         for k, sample in enumerate(head):
             self._keep(k, sample)
@@ -159,7 +167,7 @@ class DiskFill(Dataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items()
                  if k not in ("_local", "_alive", "_commit_lock", "_stop", "_thread")}
-        state["_local"] = None
+        state["_local"], state["_sources"], state["_sources_sent"], state["_sources_pid"] = None, None, 0, 0
         return state
 
     def _view(self) -> _Local | None:
@@ -179,7 +187,32 @@ class DiskFill(Dataset[Any]):
     @property
     def whole(self) -> bool:
         local = self._view()
-        return local is not None and bool(local.filled.all())
+        return local is not None and bool(local.filled.all()) and not local.random[0]
+
+    def _read(self, k: int) -> Any:
+        """``dataset[indices[k]]`` from the source, its opens recorded in the staging folder, and the
+        fill given up (no record trusted, nothing committed) when the read drew randomness."""
+        sources = self._sources
+        if sources is None or self._sources_pid != os.getpid():
+            sources, self._sources_sent, self._sources_pid = Sources(), 0, os.getpid()
+            self._sources = sources
+        with sources.recording():
+            sample, drawn = self._reads.read_noting(self.indices[k])
+        sources.scan_process()
+        local = self._view()
+        if drawn is not None and local is not None and not local.random[0]:
+            local.random[0] = 1
+            log.warning("autotune: %s; this run reads the source every epoch and keeps no cache.",
+                        message(self.indices[k], f"drew from {drawn}"))
+        new = list(sources.seen.items())[self._sources_sent:]
+        if new:
+            try:
+                with open(self.staging / f"sources-{os.getpid()}.jsonl", "a") as fh:
+                    fh.write("".join(json.dumps([p, st]) + "\n" for p, st in new))
+                self._sources_sent += len(new)
+            except OSError:  # the staging folder is gone: this fill commits nothing anyway
+                pass
+        return sample
 
     def _keep(self, k: int, sample: Any) -> None:
         local = self._view()
@@ -194,7 +227,7 @@ class DiskFill(Dataset[Any]):
             record = local.record(k)
             if record is not None:
                 return unpack(self.schema, record)
-        sample = self.dataset[self.indices[k]]
+        sample = self._read(k)
         if local is not None and not local.filled[k]:
             self._keep(k, sample)
         return sample
@@ -204,9 +237,10 @@ class DiskFill(Dataset[Any]):
     def _whole_now(self) -> bool:
         """``whole``, through a view of its own: the commit thread must not share the training thread's."""
         try:
-            return bool(_Local(self.staging, len(self.indices)).filled.all())
+            local = _Local(self.staging, len(self.indices))
         except (OSError, ValueError):
             return False
+        return bool(local.filled.all()) and not local.random[0]
 
     def _watch(self) -> None:
         try:  # a view of the thread's own: the training thread creates and uses the process's view
@@ -239,17 +273,27 @@ class DiskFill(Dataset[Any]):
         # A view of its own, appending to a spool of its own: the training thread may be reading and
         # keeping samples through the process's view meanwhile.
         local = _Local(self.staging, len(self.indices), writer=-os.getpid())
+        sources = sources_for(self.expected, self.path.parent)
+        probes = {int(i): d for i, d in (self.expected.get("probes") or {}).items()}
         try:
             records: list[tuple[Path, int, int, int]] = []
             for k in range(len(self.indices)):
                 if local.record(k) is None:  # torn by a race, or unreadable: the source again, exactly
-                    local.append(k, pack(self.schema, self.dataset[self.indices[k]]))
+                    with sources.recording():
+                        local.append(k, pack(self.schema, self._reads.read(self.indices[k])))
                     if local.record(k) is None:
                         raise OSError(f"sample {k} could not be written to {self.staging}")
+                digest = probes.get(self.indices[k])
+                if digest is not None:
+                    record = local.record(k)
+                    assert record is not None
+                    if sample_digest(unpack(self.schema, record)).hex()[:len(digest)] != digest:
+                        raise ValueError(message(self.indices[k], "read differently twice within one fill"))
                 writer, offset, length, crc = (int(x) for x in local.where[k])
                 records.append((self.staging / f"spool-{writer}.bin", offset, length, crc))
         finally:
             local.close()
+        sources.update(_recorded_sources(self.staging))
         cls = cast(type[DiskCache], get_backend(self.name))
         root = self.path.parent
         lock = BuildLock(lock_path(root, self.path.name))
@@ -266,6 +310,7 @@ class DiskFill(Dataset[Any]):
             try:
                 stored = stored_manifest(self.name, self.expected, self.indices, self.schema)
                 stored["meta"] = cls._write_records(tmp, self.schema, records)
+                stored["sources"] = _provenance.write(tmp, sources.kept())
                 placed = cls._finish(tmp, self.path, stored)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -295,6 +340,23 @@ class DiskFill(Dataset[Any]):
         _active.pop(str(self.path), None)
         shutil.rmtree(self.staging, ignore_errors=True)
         self._alive.release()
+
+
+def _recorded_sources(staging: Path) -> dict[str, _provenance.Stat | None]:
+    """What every process's reads of a fill opened, as their ``sources-<pid>.jsonl`` files say; a torn
+    last line (a worker killed while it wrote) is skipped: its read's record is re-read or rejected."""
+    found: dict[str, _provenance.Stat | None] = {}
+    for f in sorted(staging.glob("sources-*.jsonl")):
+        for line in f.read_text(errors="surrogateescape").splitlines():
+            try:
+                path, st = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(path, str) and isinstance(st, list) and len(st) == 4:
+                found.setdefault(path, (int(st[0]), int(st[1]), int(st[2]), int(st[3])))
+            elif isinstance(path, str):
+                found.setdefault(path, None)
+    return found
 
 
 def active_fill(path: Path | str) -> DiskFill | None:

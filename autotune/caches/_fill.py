@@ -23,6 +23,7 @@ nothing (exact, but no faster; a search measures that and chooses otherwise).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,7 +32,10 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from autotune.caches._codec import decode, encode, infer_schema
+from autotune.caches._draws import WatchedReads, message
 from autotune.caches._memory import _file_columns, _shared_array
+
+log = logging.getLogger("autotune")
 
 _HEAD = 8  # samples read before the workers start, to fix the schema (the built cache reads as many)
 
@@ -47,7 +51,9 @@ class FirstEpochCache(Dataset[Any]):
         n = len(self.indices)
         if n == 0:
             raise ValueError("A cache needs at least one sample, but got 0 indices.")
-        head = [dataset[i] for i in self.indices[:_HEAD]]
+        self._reads = WatchedReads(dataset)
+        self.random = _shared_array((1,), np.dtype(np.uint8))  # a read drew randomness: nothing is trusted
+        head = [self._read(k) for k in range(min(_HEAD, n))]
         self.schema = infer_schema(head)
         # Memory files where the OS has them, written through their descriptors (no fault and no zeroing
         # per fresh page, as the built cache's: ``caches._memory``), else shared anonymous memory.
@@ -66,6 +72,7 @@ class FirstEpochCache(Dataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["columns"], state["filled"], state["attached"], state["files"] = None, None, False, None
+        state["random"] = None
         return state
 
     def __del__(self) -> None:
@@ -81,14 +88,23 @@ class FirstEpochCache(Dataset[Any]):
     @property
     def whole(self) -> bool:
         """Every sample is in the cache (and no later read goes to the source)."""
-        return self.attached and bool(self.filled.all())
+        return self.attached and bool(self.filled.all()) and not self.random[0]
 
     @property
     def nbytes(self) -> int:
         return int(sum(c.nbytes for c in self.columns) + self.filled.nbytes) if self.attached else 0
 
+    def _read(self, k: int) -> Any:
+        """``dataset[indices[k]]`` from the source; a read that drew randomness ends the fill (warned)."""
+        sample, drawn = self._reads.read_noting(self.indices[k])
+        if drawn is not None and self.random is not None and not self.random[0]:
+            self.random[0] = 1
+            log.warning("autotune: %s; this run reads the source every epoch and keeps no cache.",
+                        message(self.indices[k], f"drew from {drawn}"))
+        return sample
+
     def _keep(self, k: int, sample: Any) -> None:
-        if not self.attached or self.schema.has_blob_leaves:
+        if not self.attached or self.schema.has_blob_leaves or self.random[0]:
             return
         enc = encode(self.schema, sample)
         if enc.columns is None:  # overflow: not kept, read from the source every epoch
@@ -104,9 +120,9 @@ class FirstEpochCache(Dataset[Any]):
     def __getitem__(self, k: int) -> Any:
         if k < 0:
             k += len(self.indices)
-        if self.attached and self.filled[k]:
+        if self.attached and self.filled[k] and not self.random[0]:
             return decode(self.schema, [c[k] for c in self.columns], None)
-        sample = self.dataset[self.indices[k]]
+        sample = self._read(k)
         self._keep(k, sample)
         return sample
 
@@ -131,7 +147,7 @@ class _GatheringFill(Dataset[Any]):
         cache = self.cache
         if self.gatherable and cache.attached:
             idx = np.asarray(positions, dtype=np.int64)
-            if cache.filled[idx].all():
+            if cache.filled[idx].all() and not cache.random[0]:
                 from autotune.caches._gather import Gathered, _batch_leaf, _collated
 
                 values = iter([_batch_leaf(leaf, column[idx])

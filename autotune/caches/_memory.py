@@ -14,6 +14,7 @@ import torch
 
 from autotune.caches._base import Cache, read_source, stored_manifest
 from autotune.caches._codec import decode, encode, infer_schema
+from autotune.caches._draws import WatchedReads
 from autotune.machine._memory_file import FileColumn
 
 _HEAD = 8  # samples read in the calling process to fix the schema before workers start
@@ -63,14 +64,14 @@ class _ColumnWriter(torch.utils.data.Dataset[Any]):
 
     def __init__(self, dataset: Any, indices: list[int], schema: Any, columns: list[np.ndarray],
                  files: list[FileColumn] | None = None):
-        self.dataset, self.indices, self.schema, self.columns = dataset, indices, schema, columns
+        self.reads, self.indices, self.schema, self.columns = WatchedReads(dataset), indices, schema, columns
         self.files = files
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __getitem__(self, k: int) -> tuple[int, bool, torch.Tensor | None]:
-        enc = encode(self.schema, self.dataset[self.indices[k]])
+        enc = encode(self.schema, self.reads.read(self.indices[k]))
         if enc.columns is not None and self.files is not None:
             for file, value in zip(self.files, enc.columns):
                 file.write(k, value)
@@ -147,7 +148,8 @@ class MemoryCache(Cache):
         from tqdm.auto import tqdm
 
         n = len(indices)
-        head = [dataset[i] for i in indices[:_HEAD]]
+        reads = WatchedReads(dataset)
+        head = [reads.read(i) for i in indices[:_HEAD]]
         schema = infer_schema(head)
         files = _file_columns(schema, n)
         columns = ([f.array for f in files] if files is not None

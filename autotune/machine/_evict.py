@@ -17,6 +17,7 @@ What the hook cannot see: files opened by native code that bypasses Python's ``o
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import ctypes
 import ctypes.util
@@ -27,9 +28,9 @@ import stat
 import sys
 import sysconfig
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from autotune.errors import AutotuneError
 
@@ -48,8 +49,14 @@ EFFECTIVE_MAX_RESIDENT = 0.05
 
 # ------------------------------------------------------------------------------------------ recording
 
-# The sets that "open" events go to in this context; None (the default) means not recording.
-_recording: contextvars.ContextVar[tuple[set[str], ...] | None] = contextvars.ContextVar(
+class Sink(Protocol):
+    """Where "open" events go while recording: a set of paths, or anything with ``add(path)``."""
+
+    def add(self, path: str, /) -> None: ...
+
+
+# The sinks that "open" events go to in this context; None (the default) means not recording.
+_recording: contextvars.ContextVar[tuple[Sink, ...] | None] = contextvars.ContextVar(
     "autotune_evict_recording", default=None
 )
 _hook_lock = threading.Lock()
@@ -129,6 +136,29 @@ def _module_files() -> set[str]:
         if isinstance(path, str):
             files.add(os.path.realpath(path))
     return files
+
+
+@contextlib.contextmanager
+def recording(sink: Sink) -> Iterator[None]:
+    """Every path opened for reading in this context (thread, task) goes to ``sink.add`` until the
+    block ends, as it was passed to ``open`` made absolute (not resolved: a symbolic link retargeted
+    later must read as another file). Nothing is filtered: ``data_file`` tells the data files."""
+    _install_hook()
+    token = _recording.set((_recording.get() or ()) + (sink,))
+    try:
+        yield
+    finally:
+        _recording.reset(token)
+
+
+def data_file(path: str, module_files: set[str]) -> str | None:
+    """The resolved path when ``path`` is a regular file that is data (not code, a library, /proc...)."""
+    return _keep(path, module_files)
+
+
+def module_files() -> set[str]:
+    """Files of imported modules (code, never data)."""
+    return _module_files()
 
 
 def record_files(fn: Callable[[], Any]) -> tuple[Any, set[str]]:

@@ -1,0 +1,216 @@
+"""What a disk cache's samples were made from: recorded while they are read, checked at every open.
+
+The invariant: a disk cache is opened only when every source file its samples were read from still
+has the size, mtime_ns, ctime_ns and inode it had when it was opened for that read. "Every source
+file" is the union of
+
+- each file a read opened through Python (``open``, ``os.open``, numpy, Pillow; the audit hook of
+  ``machine._evict``), stated at the moment of the open, before a byte of it is read, and kept under
+  the path as it was opened, so a symbolic link retargeted later reads as another file;
+- each regular file a reading process holds open read-only, or maps without write access, at a chunk
+  boundary (native readers that bypass Python: an ``h5py.File`` or an LMDB environment opened in
+  ``__init__``, a numpy memmap, an Arrow table). Files open before the build are stated before it
+  starts; one opened natively inside a read is stated right after it, which leaves a window of one
+  read in which an edit goes unseen;
+- every file under ``data_dir`` when the caller names one (files read by native code that opens and
+  closes them within one call, ``cv2.imread``, are seen no other way).
+
+Code (imported modules, the standard library, installed packages), /proc, /sys, /dev and autotune's
+own cache folders are not sources. The record is a file of the cache, ``sources.bin``, whose digest
+the manifest holds, so neither can be changed without the other. Opening checks every entry with one
+``stat`` each (threads for large records: ``stat`` releases the GIL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat as _stat
+import struct
+import zlib
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autotune.machine import _evict
+
+FILE_NAME = "sources.bin"
+_MAGIC = b"autotune-sources\x001\n"
+_HEADER = struct.Struct("<QQ")  # entries, compressed bytes of the paths
+_PARALLEL = 4096  # entries from which the open's stats run on threads
+_THREADS = 8
+_SYSTEM = ("/proc/", "/sys/", "/dev/", "/usr/lib/", "/usr/share/", "/lib/", "/lib64/", "/etc/", "/run/")
+
+Stat = tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode
+
+
+def stat_of(path: str) -> Stat | None:
+    """What a source file is checked against, following symbolic links; None when it is not a file."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not _stat.S_ISREG(st.st_mode):
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
+
+
+class Sources:
+    """Source files by the path they were opened with, each stated when first seen.
+
+    Its ``add`` is the audit hook's sink (``machine._evict.recording``), so it must never raise."""
+
+    def __init__(self, exclude: Iterable[str | os.PathLike[str]] = ()):
+        self.seen: dict[str, Stat | None] = {}
+        self._exclude = tuple(os.path.realpath(os.fspath(p)).rstrip(os.sep) + os.sep for p in exclude)
+        self._fds: dict[int, str] = {}
+        self._scans = 0
+
+    def __len__(self) -> int:
+        return len(self.seen)
+
+    def add(self, path: str, /) -> None:
+        if path not in self.seen:
+            self.seen[path] = stat_of(path)
+
+    def update(self, entries: dict[str, Stat | None]) -> None:
+        for path, st in entries.items():
+            self.seen.setdefault(path, st)
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        """Record what the block opens for reading in this thread."""
+        with _evict.recording(self):
+            yield
+
+    def scan_process(self, *, maps: bool | None = None) -> None:
+        """Add the regular files this process holds open read-only or maps without write access
+        (what native readers use); each stated now. The descriptors are looked at every call (cheap);
+        the mappings (a torch process has thousands) on the first call and every 16th, or as ``maps`` says."""
+        try:
+            fds = os.listdir("/proc/self/fd")
+        except OSError:
+            return
+        for name in fds:
+            fd = int(name)
+            try:
+                target = os.readlink(f"/proc/self/fd/{name}")
+            except OSError:
+                continue
+            if self._fds.get(fd) == target or not target.startswith("/"):
+                self._fds[fd] = target
+                continue
+            self._fds[fd] = target
+            if target in self.seen or target.startswith(_SYSTEM) or _read_only(name) is not True:
+                continue
+            self.add(target)
+        if maps or (maps is None and self._scans % 16 == 0):
+            self._scan_maps()
+        self._scans += 1
+
+    def _scan_maps(self) -> None:
+        try:
+            with open("/proc/self/maps", "rb") as fh:
+                text = fh.read()
+        except OSError:
+            return
+        mapped: dict[bytes, bool] = {}  # path -> whether some mapping of it executes (code: a binary, a library)
+        for line in text.splitlines():
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[5].startswith(b"/") and b"w" not in parts[1]:
+                mapped[parts[5]] = mapped.get(parts[5], False) or b"x" in parts[1]
+        for raw, code in mapped.items():
+            path = os.fsdecode(raw)
+            if code or path.endswith(" (deleted)") or path in self.seen or path.startswith(_SYSTEM):
+                continue
+            self.add(path)
+
+    def kept(self) -> dict[str, Stat]:
+        """The sources that are data files (not code, libraries, system files or autotune's caches)."""
+        modules = _evict.module_files()
+        found: dict[str, Stat] = {}
+        for path, st in self.seen.items():
+            if st is None:
+                continue
+            real = _evict.data_file(path, modules)
+            if real is None or (self._exclude and (real + os.sep).startswith(self._exclude)):
+                continue
+            found[path] = st
+        return found
+
+
+def _read_only(fd_name: str) -> bool | None:
+    try:
+        with open(f"/proc/self/fdinfo/{fd_name}") as fh:
+            for line in fh:
+                if line.startswith("flags:"):
+                    return int(line.split()[1], 8) & os.O_ACCMODE == os.O_RDONLY
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def write(folder: Path, sources: dict[str, Stat]) -> dict[str, Any]:
+    """Write ``sources`` as ``folder/sources.bin``; the manifest's entry for it (count and digest)."""
+    paths = sorted(sources)
+    blob = zlib.compress(b"\0".join(os.fsencode(p) for p in paths), 1)
+    table = np.asarray([sources[p] for p in paths], dtype="<i8").reshape(len(paths), 4)
+    data = _MAGIC + _HEADER.pack(len(paths), len(blob)) + blob + table.tobytes()
+    with open(folder / FILE_NAME, "wb") as fh:
+        fh.write(data)
+    return {"count": len(paths), "digest": hashlib.blake2b(data, digest_size=16).hexdigest()}
+
+
+class BadRecord(ValueError):
+    """``sources.bin`` is not the file the manifest describes."""
+
+
+def read(folder: Path, entry: dict[str, Any]) -> tuple[list[str], np.ndarray]:
+    """The recorded paths and their (size, mtime_ns, ctime_ns, inode) rows; BadRecord when the file
+    is not the one the manifest's ``entry`` describes."""
+    try:
+        data = (folder / FILE_NAME).read_bytes()
+    except OSError as exc:
+        raise BadRecord(f"{folder / FILE_NAME} cannot be read ({exc.strerror})") from None
+    if hashlib.blake2b(data, digest_size=16).hexdigest() != entry.get("digest") or not data.startswith(_MAGIC):
+        raise BadRecord(f"{folder / FILE_NAME} is not the record its manifest names")
+    start = len(_MAGIC) + _HEADER.size
+    count, size = _HEADER.unpack(data[len(_MAGIC):start])
+    text = zlib.decompress(data[start:start + size])
+    paths = [os.fsdecode(p) for p in text.split(b"\0")] if count else []
+    table = np.frombuffer(data, dtype="<i8", offset=start + size).reshape(-1, 4)
+    if len(paths) != count or len(table) != count or count != entry.get("count"):
+        raise BadRecord(f"{folder / FILE_NAME} is not the record its manifest names")
+    return paths, table
+
+
+def _stats(paths: list[str]) -> list[Stat | None]:
+    if len(paths) < _PARALLEL:
+        return [stat_of(p) for p in paths]
+    chunks = [paths[i:i + _PARALLEL] for i in range(0, len(paths), _PARALLEL)]
+    with ThreadPoolExecutor(max_workers=min(_THREADS, len(chunks))) as pool:
+        return [st for part in pool.map(lambda c: [stat_of(p) for p in c], chunks) for st in part]
+
+
+def changed(folder: Path, entry: dict[str, Any]) -> list[str]:
+    """The recorded source files that are gone or differ from the record (sorted; [] when none)."""
+    paths, table = read(folder, entry)
+    now = _stats(paths)
+    missing = np.asarray([st is None for st in now], dtype=bool)
+    current = np.asarray([st if st is not None else (-1, -1, -1, -1) for st in now], dtype="<i8").reshape(-1, 4)
+    differ = missing | (current != table).any(axis=1)
+    return [paths[k] for k in np.flatnonzero(differ)]
+
+
+def describe(paths: list[str], total: int) -> str:
+    names = ", ".join(os.path.basename(p) or p for p in paths[:3])
+    more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
+    return (f"{len(paths)} of its {total} source file{'s' if total != 1 else ''} changed since it was built "
+            f"({names}{more})")
+
+
+__all__ = ["FILE_NAME", "BadRecord", "Sources", "changed", "describe", "read", "stat_of", "write"]
