@@ -105,9 +105,17 @@ class DrawWatch:
 
 
 def message(i: int, what: str) -> str:
-    return (f"dataset[{i}] {what}, so no cache can store it (a cache would freeze one draw for every epoch): "
-            "move the random part (augmentation) into transform=..., which runs after the cache every epoch, "
-            "or pass cache=None")
+    return (f"dataset[{i}] {what}, so no cache can store it (it would freeze one draw for every epoch): move the "
+            "random part (augmentation) into `transform` (transform=... of autotune.dataloader, or a module-level "
+            "`transform` in the dataset file), which runs after the cache every epoch, or pass cache=None")
+
+
+def last_line(exc: BaseException) -> str:
+    """The message of ``exc`` as it was raised, also when a DataLoader worker re-raised it in this process
+    (its text then carries the worker's whole traceback)."""
+    text = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+    name = f"{type(exc).__name__}: "
+    return text.split(name, 1)[1] if name in text else text
 
 
 class WatchedReads:
@@ -136,4 +144,4 @@ class WatchedReads:
         return sample, watch.drew(before)
 
 
-__all__ = ["DrawWatch", "RandomSamples", "WatchedReads", "message"]
+__all__ = ["DrawWatch", "RandomSamples", "WatchedReads", "last_line", "message"]

@@ -1,15 +1,17 @@
 """What a full cache of a dataset is checked against: the dataset's identity and a content key.
 
 - identity: the dataset's class and its scalar attributes (``root="…/train"``, ``split="val"``);
-- content: the length, the text of the dataset's file and of the user's modules it imports, the
-  arrays and lists it holds in memory, the source files its reads open (path, size, mtime_ns), and
-  the digests of a seeded random sample of indices, read from the live dataset every time a cache
-  is opened.
+- content: the length, the text of the dataset's file and of the user's modules it imports,
+  everything else it holds in memory (dicts of labels, frames, arrays, a transform's parameters:
+  ``_contents``), the source files its probed reads open (path, size, mtime_ns), and the digests of
+  a seeded random sample of indices, read from the live dataset every time a cache is opened.
 
 The cache's directory name hashes all of it (see NOTE [cache build lock] in ``_lock``), so a train
-and a val set, or two versions of one dataset, never share a directory. What still goes unnoticed:
-a change to samples outside the probed ones in data whose files cannot be found (generated data,
-files opened by native code such as h5py or lmdb), unless ``data_dir`` names their folder.
+and a val set, or two versions of one dataset, never share a directory. The key is the first line;
+the second is the cache's own record of every source file its samples were read from, checked at
+every open (``_provenance``). What neither sees is said once (``CacheKeyWarning``): objects whose
+contents cannot be read, and files read by native code that opens and closes them inside one call,
+unless ``data_dir`` names their folder.
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ import os
 import random
 import sys
 import sysconfig
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from autotune.caches._codec import sample_digest
+from autotune.caches._contents import Contents
 from autotune.machine import _evict
 
 PROBES = 16  # indices read live at every open; a dataset this small is checked whole
@@ -120,39 +124,44 @@ def identity(dataset: Any) -> dict[str, Any]:
     return {"class": f"{cls.__module__}.{cls.__qualname__}", "attrs": attrs, "wraps": inner}
 
 
-_MAX_ARRAY_BYTES = 64 << 20  # in-memory data hashed whole; larger arrays are left to the probes
-
-
-def in_memory_data(dataset: Any) -> dict[str, str]:
-    """{attribute: digest} for the data a dataset holds in memory (numpy arrays, tensors, lists of numbers
-    or strings up to 64 MiB): a change anywhere in them, not only at the probed samples, is seen."""
-    import numpy as np
-    import torch
-
+def in_memory_data(dataset: Any) -> tuple[dict[str, str], Contents]:
+    """{attribute: digest} for everything the dataset (and each dataset it wraps) holds in memory beyond
+    its scalar attributes (those are its identity), whatever the container (``_contents``): a change
+    anywhere in it, not only at the probed samples, is seen. Also the walk, saying what it could not read."""
+    contents = Contents()
     found: dict[str, str] = {}
-    for depth, d in enumerate(_datasets(dataset)):
+    datasets = list(_datasets(dataset))
+    inner = {id(d) for d in datasets[1:]}
+    for depth, d in enumerate(datasets):
         try:
             items = sorted(vars(d).items())
         except TypeError:
             continue
         for name, value in items:
-            h = hashlib.blake2b(digest_size=8)
-            if isinstance(value, torch.Tensor) and value.layout == torch.strided:
-                flat = value.detach().cpu().contiguous().view(-1)
-                value = flat.view(torch.uint8).numpy() if value.numel() else np.zeros(0)
-            if isinstance(value, np.ndarray) and value.dtype != object and value.nbytes <= _MAX_ARRAY_BYTES:
-                h.update(f"{value.dtype.str}{value.shape}".encode())
-                h.update(np.ascontiguousarray(value).tobytes())
-            elif isinstance(value, (list, tuple)) and 0 < len(value) <= _MAX_ARRAY_BYTES // 16 and all(
-                    isinstance(x, (int, str)) for x in value[:64]):
-                try:
-                    h.update(json.dumps(value).encode())
-                except (TypeError, ValueError):
-                    continue
-            else:
+            if isinstance(value, _SCALARS) or id(value) in inner:
                 continue
-            found[f"{depth}.{name}"] = h.hexdigest()
-    return found
+            found[f"{depth}.{name}"] = contents.digest(value, name)
+    return found, contents
+
+
+_said: set[str] = set()
+
+
+def _say_unread(dataset: Any, contents: Contents) -> None:
+    """One line, once per dataset class and process, naming what its key could not read."""
+    cls = type(dataset).__qualname__
+    parts = [*contents.unreadable, *(f"{n} (too large: sampled)" for n in contents.partial)]
+    if not parts or cls in _said:
+        return
+    _said.add(cls)
+    shown = ", ".join(parts[:3]) + (f" and {len(parts) - 3} more" if len(parts) > 3 else "")
+    warnings.warn(f"autotune cannot read all that {cls} holds in memory ({shown}), so its cache would not see a "
+                  "change there: pass data_dir= naming the folder its data comes from, or cache=None.",
+                  CacheKeyWarning, stacklevel=3)
+
+
+class CacheKeyWarning(UserWarning):
+    """Part of a dataset cannot be part of its cache's key."""
 
 
 def _stat(paths: Iterable[str]) -> dict[str, list[int]]:
@@ -211,12 +220,16 @@ def dataset_key(dataset: Any, *, data_dir: str | os.PathLike[str] | None = None)
     probes = {str(i): sample_digest(sample).hex()[:32] for i, sample in zip(indices, samples)}
     files, how = _files(dataset, length, per_read, data_dir)
     ident = identity(dataset)
-    facts: dict[str, Any] = {"length": length, "code": source_files(dataset), "data": in_memory_data(dataset),
+    data, contents = in_memory_data(dataset)
+    _say_unread(dataset, contents)
+    facts: dict[str, Any] = {"length": length, "code": source_files(dataset), "data": data,
                              "files_found": how,
                              "files_count": len(files), "files_bytes": sum(s for s, _ in files.values()),
                              "files_digest": _digest(files, 16)}
     if len(files) <= _MAX_LISTED:
         facts["files"] = files
+    if data_dir is not None:
+        facts["data_dir"] = os.path.abspath(os.fspath(data_dir))
     label = type(dataset).__name__[:32]
     return {"key": f"{label}-{_digest(ident)}", "identity": ident, "facts": facts, "probes": probes}
 
@@ -267,4 +280,5 @@ def describe_change(old: dict[str, Any], new: dict[str, Any]) -> str:
     return "; ".join(parts) or "the cache's manifest differs"
 
 
-__all__ = ["PROBES", "dataset_key", "describe_change", "identity", "kinship", "probe_indices", "source_files"]
+__all__ = ["PROBES", "CacheKeyWarning", "dataset_key", "describe_change", "identity", "in_memory_data", "kinship",
+           "probe_indices", "source_files"]

@@ -1,11 +1,34 @@
-"""Is ``dataset[i]`` deterministic? Caches store one read of each sample, so it must be."""
+"""Is ``dataset[i]`` one sample? Caches store one read of each, so every read must return it.
+
+Up front, on a few indices (the first, the last, seeded random ones), a sample is refused when
+
+- a read drew from a random generator (Python's, numpy's, torch's, or one the dataset holds:
+  ``caches._draws``), however the dice fell;
+- two reads in a row differ (randomness from the operating system, state kept between reads);
+- a read in a DataLoader worker differs from the main process's (data keyed on
+  ``get_worker_info()``, augmentation seeded by the worker's seed);
+- the dataset has ``set_epoch`` and a read after ``set_epoch(0)`` differs from one after
+  ``set_epoch(1)`` (augmentation seeded by the epoch). The worker reads on its own copy (a fork), so
+  the user's dataset is never moved to another epoch.
+
+Builds and fills watch every read for draws as well (``caches._draws``), and a build compares its
+reads of the key's probed indices with the key's: randomness at a few indices is caught there.
+"""
 
 from __future__ import annotations
 
+import logging
+import pickle
 import random
 from typing import Any
 
+import torch
+
 from autotune.caches._codec import samples_equal
+from autotune.caches._draws import WatchedReads, message
+
+log = logging.getLogger("autotune")
+_EPOCHS = (0, 1)
 
 
 def _indices(length: int, probe: int, seed: int) -> list[int]:
@@ -17,22 +40,79 @@ def _indices(length: int, probe: int, seed: int) -> list[int]:
     return list(dict.fromkeys(picks))[:probe]
 
 
-def check_deterministic(dataset: Any, probe: int = 3, seed: int = 0) -> tuple[bool, str]:
-    """Read ``probe`` indices twice and compare exactly; (True, "") or (False, one-line reason).
+def _with_epochs(dataset: Any) -> list[Any]:
+    """The dataset and the datasets it wraps that have ``set_epoch`` (a Subset's dataset, a concat's parts)."""
+    from autotune.caches._key import _datasets
 
-    The indices are the first, the last, and seeded random ones. All are read once, then all again,
-    so randomness from a shared generator (``random``, ``np.random``, ``torch``) shows up.
-    """
+    return [d for d in _datasets(dataset) if callable(getattr(d, "set_epoch", None))]
+
+
+class _WorkerReads(torch.utils.data.Dataset[Any]):
+    """Item j of ``plan``: ``(epoch or None, index)``; in the worker, the epoch set on its own copy of the
+    dataset, then the read's protocol-5 bytes (exact, as a build's) and the generator it drew from."""
+
+    def __init__(self, dataset: Any, plan: list[tuple[int | None, int]]):
+        self.dataset, self.plan = dataset, plan
+        self.reads = WatchedReads(dataset)
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __getitem__(self, j: int) -> tuple[bytes, str | None]:
+        epoch, i = self.plan[j]
+        if epoch is not None:
+            for d in _with_epochs(self.dataset):
+                d.set_epoch(epoch)
+        sample, drawn = self.reads.read_noting(i)
+        return pickle.dumps(sample, protocol=5), drawn
+
+
+def _in_a_worker(dataset: Any, indices: list[int], main: list[Any], timeout: float) -> str:
+    """Why the reads in a forked worker show the samples are not one sample each, or ""."""
+    epochs = bool(_with_epochs(dataset))
+    plan: list[tuple[int | None, int]] = [(None, i) for i in indices]
+    if epochs:
+        plan += [(e, i) for e in _EPOCHS for i in indices]
+    loader = torch.utils.data.DataLoader(_WorkerReads(dataset, plan), batch_size=None, num_workers=1,
+                                         multiprocessing_context="fork", timeout=timeout)
+    try:
+        got = [(pickle.loads(wire), drawn) for wire, drawn in loader]
+    except Exception as exc:  # noqa: BLE001 - the dataset cannot be read in a forked worker at all
+        log.info("autotune: dataset[i] could not be read in a forked worker (%s: %s); only the main "
+                 "process's reads were compared", type(exc).__name__, str(exc).strip().splitlines()[-1:])
+        return ""
+    for (epoch, i), (_sample, drawn) in zip(plan, got):
+        if drawn is not None:
+            where = "in a DataLoader worker" if epoch is None else f"after set_epoch({epoch})"
+            return message(i, f"drew from {drawn} {where}")
+    n = len(indices)
+    for i, ours, (theirs, _) in zip(indices, main, got[:n]):
+        if not samples_equal(ours, theirs):
+            return message(i, "differs between the main process and a DataLoader worker (it depends on "
+                              "get_worker_info() or the worker's seed)")
+    if epochs:
+        for i, (a, _), (b, _) in zip(indices, got[n:2 * n], got[2 * n:]):
+            if not samples_equal(a, b):
+                return message(i, "changes with set_epoch() (augmentation seeded by the epoch)")
+    return ""
+
+
+def check_deterministic(dataset: Any, probe: int = 3, seed: int = 0, *, timeout: float = 0) -> tuple[bool, str]:
+    """Read ``probe`` indices as the module docstring says; (True, "") or (False, one-line reason that
+    names ``transform=``). ``timeout``: seconds the worker may take for one read (0: no limit)."""
     indices = _indices(len(dataset), probe, seed)
-    first = [dataset[i] for i in indices]
+    reads = WatchedReads(dataset)
+    first = []
+    for i in indices:
+        sample, drawn = reads.read_noting(i)
+        if drawn is not None:
+            return False, message(i, f"drew from {drawn}")
+        first.append(sample)
     for i, before in zip(indices, first):
         if not samples_equal(before, dataset[i]):
-            return False, (
-                f"dataset[{i}] returned different samples on two reads, so no cache can store it: "
-                "move the random part (augmentation) into a module-level `transform` in the dataset file; "
-                "it runs after the cache, every epoch."
-            )
-    return True, ""
+            return False, message(i, "returned different samples on two reads")
+    problem = _in_a_worker(dataset, indices, first, timeout) if indices else ""
+    return (not problem), problem
 
 
 __all__ = ["check_deterministic"]

@@ -20,6 +20,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from autotune._loader import make_loader, with_transform
+from autotune.caches._draws import RandomSamples, last_line
 from autotune.caches._fill import FirstEpochCache, filling_source
 from autotune.caches._gather import cached_source
 from autotune.caches._key import dataset_key
@@ -120,35 +121,41 @@ def cache_location(profile: Any, dataset: Any, cache_dir: str | Path | None = No
     return caches.cache_path(backend, root, manifest)
 
 
+def _warn_once(text: str) -> None:
+    """One warning for this loader (Python's filter shows it once per place in the user's code)."""
+    warnings.warn(text, stacklevel=_caller_stacklevel())
+
+
 def _deterministic(dataset: Any, backend: str) -> bool:
     """Whether ``dataset[i]`` may be cached; one warning when not, since a cache would freeze one draw
     of its random samples for every epoch."""
-    deterministic, _ = check_deterministic(dataset)
+    deterministic, reason = check_deterministic(dataset)
     if not deterministic:
-        warnings.warn(
-            f"dataset[i] returns different samples on two reads, so the {backend!r} cache is not used "
-            "(it would freeze one draw for every epoch): move the random part into transform=..., which "
-            "runs after the cache every epoch, to cache the deterministic part.",
-            stacklevel=_caller_stacklevel())
+        _warn_once(f"The {backend!r} cache is not used: {reason}.")
     return deterministic
 
 
 def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os.PathLike[str] | None,
                    progress: bool, workers: int) -> Any:
-    """The opened (or built) cache of ``dataset``, or None when its samples are random (warned)."""
+    """The opened (or built) cache of ``dataset``, or None when its samples are random (warned): found up
+    front, or by the build, which then stored nothing."""
     from autotune import caches
 
     if not _deterministic(dataset, backend):
         return None
     manifest = {} if backend == "memory" else cache_manifest(dataset, _data_dir(profile))
     root = None if cache_dir is None else os.fspath(cache_dir)
-    return caches.open_or_build(backend, dataset, root=root, manifest=manifest, progress=progress,
-                                workers=workers)
+    try:
+        return caches.open_or_build(backend, dataset, root=root, manifest=manifest, progress=progress,
+                                    workers=workers)
+    except RandomSamples as exc:
+        _warn_once(f"The {backend!r} cache is not used: {last_line(exc)}.")
+        return None
 
 
 def _filling_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os.PathLike[str] | None) -> Any:
     """A cache filled while the first epoch trains (a disk cache already there is opened instead), or
-    None when the samples are random (warned)."""
+    None when the samples are random (warned). A fill that finds randomness later gives itself up."""
     from autotune.caches._registry import open_or_fill
 
     if not _deterministic(dataset, backend):
