@@ -154,7 +154,8 @@ def snapshot(folder):
 
 
 def leftovers(root):
-    return sorted(p.name for p in Path(root).iterdir() if p.name != "CACHEDIR.TAG" and not p.name.endswith(".lock"))
+    return sorted(p.name for p in Path(root).iterdir() if p.name not in ("CACHEDIR.TAG", ".autotune-key")
+                  and not p.name.endswith(".lock"))
 
 
 # ------------------------------------------------------------------ (1) train and val through one recipe

@@ -25,7 +25,7 @@ from autotune.caches import _provenance
 from autotune.caches._codec import Schema, infer_schema, sample_digest
 from autotune.caches._draws import RandomSamples, WatchedReads, message
 from autotune.caches._provenance import Sources
-from autotune.caches._trust import check_trusted
+from autotune.caches._trust import check_trusted, sign, signature_problem
 from autotune.errors import AutotuneError
 
 FORMAT_VERSION = 4  # 2: content-addressed directories, build facts, probe digests; 3: pickle's record index;
@@ -361,6 +361,7 @@ class DiskCache(Cache):
                 _fsync_path(f)
                 files[str(f.relative_to(tmp))] = f.stat().st_size
         stored["files"] = files
+        sign(stored, path.parent)
         with open(tmp / MANIFEST_NAME, "w") as fh:  # last: its presence marks a whole build
             json.dump(stored, fh, indent=1, sort_keys=True)
             fh.flush()
@@ -404,10 +405,15 @@ class DiskCache(Cache):
         # Before any byte of it is read (a payload is partly pickle): the folder holding it, then itself.
         check_trusted(path.parent, "Cache folder", follow=True)
         check_trusted(path)
+        if os.path.lexists(path / MANIFEST_NAME):
+            check_trusted(path / MANIFEST_NAME, "Cache manifest")
         stored = read_manifest(path)
         if stored["format_version"] != FORMAT_VERSION:
             raise StaleCache(f"Cache at {path} has format version {stored['format_version']}, "
                              f"but this autotune reads version {FORMAT_VERSION}.")
+        problem = signature_problem(stored, path.parent)
+        if problem is not None:
+            raise CorruptCache(f"Cache at {path} is not used: {problem}.")
         if stored["backend"] != cls.name:
             raise CorruptCache(f"Cache at {path} holds a {stored['backend']!r} cache, not {cls.name!r}.")
         expected = as_json(manifest)

@@ -81,9 +81,21 @@ def _datasets(dataset: Any, depth: int = 2) -> Iterable[Any]:
     for value in items.values():
         values = value if isinstance(value, (list, tuple)) and len(value) <= 16 else [value]
         for v in values:
-            if hasattr(v, "__getitem__") and hasattr(v, "__len__") and not isinstance(
-                    v, (*_SCALARS, bytes, list, tuple, dict)) and type(v).__module__ != "numpy":
+            if _is_dataset(v):
                 yield from _datasets(v, depth - 1)
+
+
+# Containers of data, never datasets wrapped by another: their contents are read whole (``_contents``).
+_DATA_PACKAGES = frozenset({"numpy", "torch", "pandas", "datasets", "pyarrow", "h5py", "lmdb", "builtins"})
+
+
+def _is_dataset(v: Any) -> bool:
+    import torch.utils.data
+
+    if isinstance(v, torch.utils.data.Dataset):
+        return True
+    return (hasattr(v, "__getitem__") and hasattr(v, "__len__") and not isinstance(v, (*_SCALARS, bytes))
+            and type(v).__module__.split(".")[0] not in _DATA_PACKAGES)
 
 
 def source_files(dataset: Any) -> dict[str, str]:

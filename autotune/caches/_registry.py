@@ -33,7 +33,16 @@ from autotune.caches._lmdb import LmdbCache, record_disk_bytes
 from autotune.caches._lock import BuildLock, is_free, lock_path
 from autotune.caches._memory import MemoryCache
 from autotune.caches._pickle import PickleCache
-from autotune.caches._trust import TAG_NAME, TAG_TMP_PREFIX, UntrustedCache, default_root, ensure_root, trust_problem
+from autotune.caches._trust import (
+    KEY_NAME,
+    KEY_TMP_PREFIX,
+    TAG_NAME,
+    TAG_TMP_PREFIX,
+    UntrustedCache,
+    default_root,
+    ensure_root,
+    trust_problem,
+)
 from autotune.errors import AutotuneError
 
 BACKENDS = ("memory", "pickle", "hdf5", "lmdb")
@@ -267,7 +276,7 @@ def _dir_bytes(path: Path) -> int:
 def _trial_bookkeeping(path: Path) -> bool:
     """A trial folder's own small files: the trial's lock and, where its ranks share a disk cache built
     through ``open_or_build``, the folder's tag and the cache's build lock."""
-    if path.name in (TRIAL_LOCK, TAG_NAME) or path.name.startswith(TAG_TMP_PREFIX):
+    if path.name in (TRIAL_LOCK, TAG_NAME, KEY_NAME) or path.name.startswith((TAG_TMP_PREFIX, KEY_TMP_PREFIX)):
         return path.is_file() and not path.is_symlink()
     return bool(_LOCK.match(path.name)) and path.is_file() and not path.is_symlink()
 
@@ -338,7 +347,7 @@ def list_caches(root: Path | str | None = None) -> list[dict[str, Any]]:
     if not root.is_dir():
         return []
     return [_classify(p) for p in sorted(root.iterdir())
-            if p.name != TAG_NAME and not (_LOCK.match(p.name) and p.is_file())]
+            if p.name not in (TAG_NAME, KEY_NAME) and not (_LOCK.match(p.name) and p.is_file())]
 
 
 def clear_caches(root: Path | str | None = None, backend: str | None = None) -> dict[str, list[str]]:

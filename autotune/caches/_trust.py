@@ -10,10 +10,13 @@ that exists, holds something, and carries no such tag is somebody's data: autotu
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import secrets
 import stat
 from pathlib import Path
+from typing import Any
 
 from autotune.errors import AutotuneError
 
@@ -115,5 +118,80 @@ def _write_tag(root: Path) -> None:
     os.replace(tmp, root / TAG_NAME)
 
 
-__all__ = ["TAG_NAME", "TAG_TMP_PREFIX", "UntrustedCache", "check_trusted", "default_root", "ensure_root", "is_tagged",
-           "trust_problem"]
+# ------------------------------------------------------------------------------------ signed manifests
+# A manifest says how each leaf is decoded (its schema names the leaves stored as pickles), so it is
+# code too. Owner and mode checks keep other users out; the signature goes further: a manifest is
+# believed only when it carries the keyed digest that this user's autotune wrote with it, under a key
+# only this user can read, so no manifest made elsewhere (copied in, planted, edited) can make autotune
+# unpickle bytes its backend did not write itself.
+KEY_NAME = ".autotune-key"
+KEY_TMP_PREFIX = f"{KEY_NAME}.tmp-"
+SIGNATURE = "signature"
+
+
+def _read_key(path: Path) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UntrustedCache(f"Cache key not used: {path} cannot be opened ({exc.strerror}); remove it.") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise UntrustedCache(f"Cache key not used: {path} is not a private file of yours (owner uid "
+                                 f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}); remove it.")
+        key = os.read(fd, 64)
+    finally:
+        os.close(fd)
+    return key if len(key) == 32 else None
+
+
+def signing_key(root: Path | str, *, create: bool) -> bytes | None:
+    """The key this user's manifests under ``root`` are signed with (``root/.autotune-key``, 0600),
+    made when ``create`` and there is none; None when there is none."""
+    path = Path(root) / KEY_NAME
+    key = _read_key(path)
+    if key is not None or not create:
+        return key
+    tmp = Path(root) / f"{KEY_TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, secrets.token_bytes(32))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)  # atomic and never replacing: two first builders agree on one key
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
+    return _read_key(path)
+
+
+def _digest(manifest: dict[str, Any], key: bytes) -> str:
+    body = {k: v for k, v in manifest.items() if k != SIGNATURE}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(text, key=key, digest_size=32).hexdigest()
+
+
+def sign(manifest: dict[str, Any], root: Path | str) -> None:
+    """Add the signature of ``manifest`` (JSON-ready) under ``root``'s key, made if need be."""
+    key = signing_key(root, create=True)
+    assert key is not None, "signing_key(create=True) makes one"
+    manifest[SIGNATURE] = _digest(manifest, key)
+
+
+def signature_problem(manifest: dict[str, Any], root: Path | str) -> str | None:
+    """Why ``manifest`` (as read from a cache under ``root``) is not one this user's autotune signed."""
+    key = signing_key(root, create=False)
+    if key is None:
+        return f"no signing key in {root}"
+    if not secrets.compare_digest(str(manifest.get(SIGNATURE, "")), _digest(manifest, key)):
+        return "its manifest is not signed by your autotune (copied, planted or edited)"
+    return None
+
+
+__all__ = ["KEY_NAME", "KEY_TMP_PREFIX", "SIGNATURE", "TAG_NAME", "TAG_TMP_PREFIX", "UntrustedCache", "check_trusted",
+           "default_root", "ensure_root", "is_tagged", "sign", "signature_problem", "signing_key", "trust_problem"]
