@@ -223,3 +223,51 @@ def test_check_exit_3_inside_a_real_cgroup_for_a_recipe_tuned_outside(tmp_path):
     assert run.returncode == 3, run.stdout + run.stderr
     assert "  memory limit: none -> 900.0 MiB\n" in run.stdout
     assert run.stderr == ""
+
+
+_FACTORY_CHILD = """
+import sys, torch, autotune
+from torch.utils.data import Dataset
+
+class Rows(Dataset):  # 1500 samples of 600 KB: 900 MB, more than the whole cgroup allows
+    def __len__(self):
+        return 1500
+    def __getitem__(self, i):
+        return torch.full((150_000,), float(i))
+
+loader = autotune.dataloader(Rows(), sys.argv[1], progress=False)
+seen = sum(int(batch.shape[0]) for batch in loader)
+res = loader.autotune
+print("samples", seen, "cache", res.settings["cache"], "share", res.settings["cache_share"], res.sources["cache_share"])
+"""
+
+
+def test_the_factory_is_not_killed_by_a_recipe_tuned_with_more_memory(tmp_path):
+    why = MemoryCgroup.why_not()
+    if why:
+        pytest.skip(why)
+    from test_partial_cache import _profile
+
+    from autotune.config import LoaderConfig
+    from autotune.recipe._file import RecipeFile
+
+    path = tmp_path / "autotune.json"
+    profile = _profile(LoaderConfig(cache="memory"), peak=1300 << 20, plain=350 << 20)  # tuned outside: it fit
+    profile.settings["batch_size"] = 50
+    RecipeFile.merge_write(path, profile)
+    try:
+        cgroup_cm = MemoryCgroup.make(700 << 20, name="autotune-test")
+        cgroup = cgroup_cm.__enter__()
+    except OSError as exc:
+        pytest.skip(f"this machine does not allow a memory cgroup here: {exc}")
+    try:
+        run = subprocess.run([*cgroup.prefix(), sys.executable, "-c", _FACTORY_CHILD, str(path)],
+                             capture_output=True, text=True, cwd=REPO, timeout=300,
+                             env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+        kills = cgroup.oom_kills()
+    finally:
+        cgroup_cm.__exit__(None, None, None)
+    assert run.returncode == 0 and kills == 0, (run.returncode, kills, run.stderr[-2000:])
+    assert "samples 1500 cache memory share 0." in run.stdout and "fitted to the memory limit" in run.stdout
+    fitted = [line for line in run.stderr.splitlines() if "the recipe adds ~" in line]
+    assert len(fitted) == 1 and "cgroup memory limit of 700.0 MiB" in fitted[0], run.stderr

@@ -25,9 +25,10 @@ from autotune.caches._fill import FirstEpochCache, filling_source
 from autotune.caches._gather import cached_source
 from autotune.caches._key import dataset_key
 from autotune.caches._lock import BuildLock
+from autotune.caches._partial import build_partial, partial_source
 from autotune.caches._registry import TRIAL_LOCK
 from autotune.caches._trust import check_trusted
-from autotune.config import LoaderConfig
+from autotune.config import LoaderConfig, partial_count
 from autotune.dataset._determinism import check_deterministic
 from autotune.machine._evict import EvictionReport, evict
 from autotune.machine._memory import tree_pss
@@ -116,6 +117,8 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
         return Source(with_transform(workload.dataset, workload.transform, stream=True), workload.collate_fn)
     if config.cache is None:
         return Source(Transformed(workload.dataset, workload.transform, plan.indices), workload.collate_fn)
+    if config.cache == "memory" and config.cache_share is not None:
+        return _partial(workload, config, plan)
     if config.cache_fill == "first_epoch" and config.cache == "memory":
         start = time.perf_counter()
         cache = FirstEpochCache(workload.dataset, plan.indices)  # filled by the first epoch itself
@@ -151,6 +154,26 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
         dataset = Subset(dataset, [position[i] for i in plan.indices])
     memory_bytes = built.nbytes if config.cache == "memory" else 0
     return Source(dataset, collate_fn, build_seconds, head, built, memory_bytes)
+
+
+def _partial(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
+    """A partial memory cache on the subset (``caches._partial``): the whole run caches the first
+    ``partial_count`` indices of the dataset, so the trial caches the subset's samples among them (a seeded
+    subset: about the same share of its reads hit) and reads the others from the source, as the run does.
+    Sorted, the subset's cached indices come first, as the run's do; the loader shuffles positions anyway."""
+    indices, length = plan.cached()
+    order = sorted(indices)
+    first = partial_count(config.cache_share, length)
+    count = sum(1 for i in order if i < first)
+    start = time.perf_counter()
+    cache = build_partial(workload.dataset, count, fill=config.cache_fill, indices=order, progress=False,
+                          workers=plan.build_workers)
+    build_seconds = time.perf_counter() - start
+    dataset, collate_fn = partial_source(cache, workload.transform, workload.collate_fn)
+    if plan.cache_indices is not None:  # a cache of every rank's samples: this rank reads its shard
+        position = {index: k for k, index in enumerate(order)}
+        dataset = Subset(dataset, [position[i] for i in plan.indices])
+    return Source(dataset, collate_fn, build_seconds, cache=cache, memory_bytes=cache.nbytes)
 
 
 def _build(workload: Workload, config: LoaderConfig, plan: Plan, root: str, indices: list[int], part: str) -> Any:

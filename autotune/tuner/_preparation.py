@@ -15,7 +15,7 @@ from autotune.dataset._userfile import UserSpec
 from autotune.machine import _hardware as hardware
 from autotune.machine._cpus import build_workers, usable_cpus
 from autotune.machine._evict import SourceFiles, source_files
-from autotune.machine._memory import default_budget, format_bytes
+from autotune.machine._memory import default_budget, format_bytes, tree_pss
 from autotune.machine._shm import shm_free
 from autotune.tuner._candidates import Limits, build_space, disk_free
 from autotune.tuner._measure import Plan, Workload
@@ -73,6 +73,7 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
         allocators=opts.allocators,
         stateful=stateful is not None,
         ranks=ranks,
+        process_memory=tree_pss(os.getpid()),  # a trial's process imports what this one did, and the dataset
     )
     if stateful:
         limits.notes.append(stateful)
