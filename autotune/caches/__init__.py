@@ -5,7 +5,9 @@ registry (:func:`get_backend`, :func:`open_or_build`) in ``_registry``.
 """
 
 from autotune.caches._base import FORMAT_VERSION, Cache, CorruptCache, DiskCache, StaleCache
-from autotune.caches._dataset import CachedDataset
+from autotune.caches._disk_fill import DiskFill
+from autotune.caches._fill import FirstEpochCache, GatheringFill
+from autotune.caches._gather import GatherDataset, can_gather, collate_gathered
 from autotune.caches._hdf5 import Hdf5Cache
 from autotune.caches._key import dataset_key
 from autotune.caches._lmdb import LmdbCache
@@ -21,7 +23,9 @@ from autotune.caches._registry import (
     get_backend,
     list_caches,
     open_or_build,
+    open_or_fill,
 )
+from autotune.caches._trials import TRIAL_LOCK, remove_leftovers, trial_folder
 from autotune.caches._trust import UntrustedCache, default_root, ensure_root
 
 __all__ = [
@@ -29,15 +33,21 @@ __all__ = [
     "FORMAT_VERSION",
     "Cache",
     "CacheRebuildWarning",
-    "CachedDataset",
     "CorruptCache",
     "DiskCache",
+    "DiskFill",
+    "FirstEpochCache",
+    "GatherDataset",
+    "GatheringFill",
     "Hdf5Cache",
     "LmdbCache",
     "MemoryCache",
     "PickleCache",
     "StaleCache",
+    "TRIAL_LOCK",
     "UntrustedCache",
+    "can_gather",
+    "collate_gathered",
     "cache_path",
     "clear_caches",
     "dataset_key",
@@ -48,4 +58,7 @@ __all__ = [
     "get_backend",
     "list_caches",
     "open_or_build",
+    "open_or_fill",
+    "remove_leftovers",
+    "trial_folder",
 ]

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from autotune.caches import BACKENDS, clear_caches, default_root, list_caches
-from autotune.machine._memory import format_bytes
+from autotune.machine import format_bytes
 
 _TRIALS = Path("cache") / "trials"  # under a search's --workdir
 
