@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 
-from autotune._duration import parse_duration
+from autotune._units import parse_duration
 from autotune.config import LoaderConfig
 from autotune.dataset import UserSpec, check_dataset, load_user_file, resolving
 from autotune.errors import AutotuneError

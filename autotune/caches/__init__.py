@@ -12,6 +12,7 @@ from autotune.caches._hdf5 import Hdf5Cache
 from autotune.caches._key import dataset_key
 from autotune.caches._lmdb import LmdbCache
 from autotune.caches._memory import MemoryCache
+from autotune.caches._partial import GatheringPartial, PartialCache, build_partial
 from autotune.caches._pickle import PickleCache
 from autotune.caches._registry import (
     BACKENDS,
@@ -39,15 +40,18 @@ __all__ = [
     "FirstEpochCache",
     "GatherDataset",
     "GatheringFill",
+    "GatheringPartial",
     "Hdf5Cache",
     "LmdbCache",
     "MemoryCache",
+    "PartialCache",
     "PickleCache",
     "StaleCache",
     "TRIAL_LOCK",
     "UntrustedCache",
     "can_gather",
     "collate_gathered",
+    "build_partial",
     "cache_path",
     "clear_caches",
     "dataset_key",

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune._duration import format_seconds, parse_duration
+from autotune._units import format_seconds, parse_duration
 from autotune.errors import AutotuneError
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def options_from(args: argparse.Namespace) -> SearchOptions:
 
 
 def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
-    from autotune.machine import format_bytes
+    from autotune._units import format_bytes
     from autotune.recipe._measured import Subset
 
     m = recipe.profile.measured

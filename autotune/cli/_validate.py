@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from autotune._duration import format_seconds
+from autotune._units import format_seconds
 from autotune.errors import AutotuneError
 
 if TYPE_CHECKING:

@@ -36,14 +36,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from autotune._duration import format_fine
+from autotune._units import format_bytes, format_fine
 from autotune.caches._codec import sample_nbytes
 from autotune.dataset import UserSpec, read_sample
 from autotune.dataset._probe import probe_indices
 from autotune.diagnose._verdict import Measurements, Verdict, judge
 from autotune.errors import DatasetError
 from autotune.loader import move_to
-from autotune.machine import format_bytes, usable_cpus
+from autotune.machine import usable_cpus
 
 __all__ = ["diagnose", "measure", "measure_device", "read_files", "transfer_seconds", "default_samples"]
 

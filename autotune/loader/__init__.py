@@ -13,7 +13,7 @@ from autotune.loader._dataloader import (
     move_to,
     with_transform,
 )
-from autotune.loader._source import cached_source, filling_source, reading
+from autotune.loader._source import cached_source, filling_source, partial_source, reading
 
 __all__ = [
     "DeviceConsumer",
@@ -23,6 +23,7 @@ __all__ = [
     "filling_source",
     "make_loader",
     "move_to",
+    "partial_source",
     "reading",
     "with_transform",
 ]

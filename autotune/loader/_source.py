@@ -12,7 +12,15 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from autotune.caches import FirstEpochCache, GatherDataset, GatheringFill, can_gather, collate_gathered
+from autotune.caches import (
+    FirstEpochCache,
+    GatherDataset,
+    GatheringFill,
+    GatheringPartial,
+    PartialCache,
+    can_gather,
+    collate_gathered,
+)
 from autotune.loader._dataloader import Transformed
 
 Collate = Callable[..., Any] | None
@@ -34,8 +42,18 @@ def filling_source(cache: FirstEpochCache, transform: Callable[..., Any] | None,
     return Transformed(cache, transform), collate_fn
 
 
+def partial_source(cache: PartialCache, transform: Callable[..., Any] | None,
+                   collate_fn: Collate) -> tuple[Dataset[Any], Collate]:
+    """The dataset a loader reads from a partial memory cache, and the collate function to pass with it."""
+    if transform is None and collate_fn is None:
+        return GatheringPartial(cache), collate_gathered
+    return Transformed(cache, transform), collate_fn
+
+
 def reading(source: Any, transform: Callable[..., Any] | None, collate_fn: Collate) -> tuple[Dataset[Any], Collate]:
     """The dataset a loader reads from a cache or a fill, and the collate function to pass with it."""
+    if isinstance(source, PartialCache):
+        return partial_source(source, transform, collate_fn)
     if isinstance(source, FirstEpochCache):
         return filling_source(source, transform, collate_fn)
     return cached_source(source, transform, collate_fn)  # a disk fill reads as a disk cache does

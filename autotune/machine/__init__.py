@@ -14,7 +14,7 @@ from autotune.machine._evict import (
     source_files,
 )
 from autotune.machine._first_touch import first_touch_seconds
-from autotune.machine._memory import default_budget, format_bytes, tree_pss, tree_rss
+from autotune.machine._memory import default_budget, tree_pss, tree_rss
 from autotune.machine._memory_file import FileColumn
 from autotune.machine._shm import batch_bytes, shm_free, shm_rule
 
@@ -29,7 +29,6 @@ __all__ = [
     "files_under",
     "first_touch_seconds",
     "fits_page_cache",
-    "format_bytes",
     "ranks_per_node",
     "record_files",
     "shm_free",

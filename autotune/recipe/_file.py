@@ -65,7 +65,8 @@ def _now() -> str:
 # Facts a profile's "hardware" may hold, with the JSON types each may take (None: unknown here).
 _HARDWARE_TYPES: dict[str, tuple[type, ...]] = {
     "cpu_model": (str,), "usable_cpus": (int,), "logical_cpus": (int,), "memory_bytes": (int,),
-    "gpus": (list,), "torch": (str,), "cuda": (str,), "python": (str,), "platform": (str,),
+    "memory_limit_bytes": (int,), "gpus": (list,), "torch": (str,), "cuda": (str,), "python": (str,),
+    "platform": (str,),
     "shm_bytes": (int,), "fingerprint": (str,), "ranks_per_node": (int,),
 }
 _MAX_INT = 2**62  # larger than any real count of bytes or CPUs; rejects absurd hand-edits

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from autotune._units import format_bytes
 from autotune.dataset import (
     UserSpec,
     check_sharding,
@@ -22,9 +23,9 @@ from autotune.machine import (
     SourceFiles,
     build_workers,
     default_budget,
-    format_bytes,
     shm_free,
     source_files,
+    tree_pss,
     usable_cpus,
 )
 from autotune.machine import _hardware as hardware
@@ -84,6 +85,7 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
         allocators=opts.allocators,
         stateful=stateful is not None,
         ranks=ranks,
+        process_memory=tree_pss(os.getpid()),  # a trial's process imports what this one did, and the dataset
     )
     if stateful:
         limits.notes.append(stateful)

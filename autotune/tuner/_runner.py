@@ -24,9 +24,10 @@ from typing import Any
 
 import psutil
 
+from autotune._units import format_bytes
 from autotune.caches import trial_folder
 from autotune.config import LoaderConfig
-from autotune.machine import format_bytes, tree_pss, tree_rss
+from autotune.machine import tree_pss, tree_rss
 from autotune.process import PRELOAD_ALLOCATORS, launch_env
 from autotune.tuner._lifecycle import watch_parent
 from autotune.tuner._measure import Plan, TrialStopped, Workload, measure

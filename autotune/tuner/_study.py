@@ -18,11 +18,12 @@ from typing import Any
 
 import optuna
 
+from autotune._units import format_bytes
 from autotune.caches import remove_leftovers
 from autotune.config import LoaderConfig
 from autotune.dataset import Probe, UserSpec
 from autotune.errors import AutotuneError, MeasurementError
-from autotune.machine import format_bytes, shm_rule
+from autotune.machine import shm_rule
 from autotune.machine._hardware import fingerprint as hardware_fingerprint
 from autotune.recipe._factory_runs import FactoryRun
 from autotune.recipe._measured import Finalist
