@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import RecipeError
+from autotune.process import ProcessSettings
 
 DEFAULT_PREFETCH = 2  # DataLoader's own default with workers
 CONTEXTS = ("fork", "forkserver", "spawn")
@@ -197,10 +198,8 @@ class LoaderConfig:
             del items["cache_fill"]
         return json.dumps(items, sort_keys=True)
 
-    def process_settings(self) -> Any:
-        """The process-level part: allocator and thread counts (``autotune.recipe._process``)."""
-        from autotune.recipe._process import ProcessSettings
-
+    def process_settings(self) -> ProcessSettings:
+        """The process-level part: allocator and thread counts (``autotune.process``)."""
         return ProcessSettings(allocator=self.allocator, main_threads=self.main_threads,
                                worker_threads=self.worker_threads)
 

@@ -10,10 +10,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 import autotune
+from autotune.caches import GatheringPartial as _GatheringPartial
+from autotune.caches import PartialCache, build_partial
 from autotune.caches._codec import samples_equal
 from autotune.caches._gather import Gathered
-from autotune.caches._partial import PartialCache, _GatheringPartial, build_partial, partial_source
 from autotune.config import ConfigError, LoaderConfig, partial_count
+from autotune.loader import partial_source
 from autotune.machine import _hardware as hardware
 from autotune.machine._memory_limit import JobMemory
 from autotune.recipe._file import Profile, RecipeFile

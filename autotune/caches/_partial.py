@@ -16,13 +16,14 @@ which gives the same batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
 
 from autotune.caches._fill import FirstEpochCache
+from autotune.caches._gather import Gathered, _batch_leaf, _collated, _leaf_gatherable, can_gather
 from autotune.caches._memory import MemoryCache
 
 
@@ -62,12 +63,10 @@ class PartialCache(Dataset[Any]):
         return self.dataset[self.indices[p]]
 
 
-class _GatheringPartial(Dataset[Any]):
+class GatheringPartial(Dataset[Any]):
     """A partial cache read a whole batch at a time where the batch is all in the head's columns."""
 
     def __init__(self, cache: PartialCache):
-        from autotune.caches._gather import _leaf_gatherable, can_gather
-
         self.cache = cache
         head = cache.head
         if isinstance(head, MemoryCache):
@@ -91,24 +90,10 @@ class _GatheringPartial(Dataset[Any]):
             if isinstance(head, FirstEpochCache):
                 ready = head.attached and bool(head.filled[idx].all())
             if ready:
-                from autotune.caches._gather import Gathered, _batch_leaf, _collated
-
                 values = iter([_batch_leaf(leaf, column[idx]) for leaf, column in zip(head.schema.columns,
                                                                                        head.columns)])
                 return Gathered(_collated(head.schema.tree, values))
         return [cache[p] for p in positions]
-
-
-def partial_source(cache: PartialCache, transform: Callable[..., Any] | None,
-                   collate_fn: Callable[..., Any] | None) -> tuple[Dataset[Any], Callable[..., Any] | None]:
-    """The dataset a loader reads from ``cache``, and the collate function to pass with it."""
-    if transform is None and collate_fn is None:
-        from autotune.caches._gather import collate_gathered
-
-        return _GatheringPartial(cache), collate_gathered
-    from autotune._loader import Transformed
-
-    return Transformed(cache, transform), collate_fn
 
 
 def build_partial(dataset: Any, count: int, *, fill: str = "build", indices: Sequence[int] | None = None,

@@ -19,9 +19,9 @@ import sys
 from collections import Counter
 from typing import Any
 
+from autotune._units import format_bytes as _format_bytes
 from autotune.machine._cpus import ranks_per_node as ranks
 from autotune.machine._cpus import usable_cpus
-from autotune.machine._memory import format_bytes as _format_bytes
 
 __all__ = [
     "collect",

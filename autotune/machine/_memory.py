@@ -61,11 +61,3 @@ def default_budget() -> int:
     """A safe share of the memory available to this job now: what a search may let one candidate use, and
     what the factory lets a recipe add."""
     return int(available_bytes() * BUDGET_SHARE)
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"

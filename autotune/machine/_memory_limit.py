@@ -26,6 +26,7 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune._units import format_bytes
 from autotune.machine._cpus import _dirs_up, _own_cgroup_paths, _read
 
 __all__ = ["JobMemory", "job_memory", "cgroup_memory"]
@@ -62,7 +63,6 @@ class JobMemory:
 
     def describe_limit(self) -> str:
         """One phrase naming the limit: "the cgroup memory limit of 1.2 GiB (/sys/fs/cgroup/.../memory.max)"."""
-        from autotune.machine._memory import format_bytes
 
         if self.limit is None:
             return f"the host's {format_bytes(self.host_total)} of RAM (no memory limit)"

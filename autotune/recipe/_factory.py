@@ -19,18 +19,14 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from autotune._loader import make_loader, with_transform
-from autotune.caches._fill import FirstEpochCache, filling_source
-from autotune.caches._gather import cached_source
-from autotune.caches._key import dataset_key
-from autotune.caches._partial import PartialCache, build_partial, partial_source
+from autotune.caches import FirstEpochCache, build_partial, dataset_key
 from autotune.config import WORKER_ONLY as _WORKER_ONLY
 from autotune.config import ConfigError, LoaderConfig, partial_count
-from autotune.dataset._determinism import check_deterministic
-from autotune.dataset._stream import is_stream
+from autotune.dataset import check_deterministic, is_stream
 from autotune.errors import AutotuneError, DatasetError
-from autotune.machine._cpus import build_workers, ranks_per_node
-from autotune.recipe._process import apply_at_runtime
+from autotune.loader import make_loader, reading, with_transform
+from autotune.machine import build_workers, ranks_per_node
+from autotune.process import apply_at_runtime
 
 log = logging.getLogger("autotune")
 
@@ -151,7 +147,7 @@ def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os
 def _filling_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os.PathLike[str] | None) -> Any:
     """A cache filled while the first epoch trains (a disk cache already there is opened instead), or
     None when the samples are random (warned)."""
-    from autotune.caches._registry import open_or_fill
+    from autotune.caches import open_or_fill
 
     if not _deterministic(dataset, backend):
         return None
@@ -159,16 +155,6 @@ def _filling_source(dataset: Any, backend: str, profile: Any, cache_dir: str | o
         return FirstEpochCache(dataset)
     return open_or_fill(backend, dataset, root=None if cache_dir is None else os.fspath(cache_dir),
                         manifest=cache_manifest(dataset, _data_dir(profile)))
-
-
-def _reading(source: Any, transform: Callable[..., Any] | None,
-             collate_fn: Callable[..., Any] | None) -> tuple[Any, Callable[..., Any] | None]:
-    """The dataset a loader reads from a cache or a fill, and the collate function to pass with it."""
-    if isinstance(source, PartialCache):
-        return partial_source(source, transform, collate_fn)
-    if isinstance(source, FirstEpochCache):
-        return filling_source(source, transform, collate_fn)
-    return cached_source(source, transform, collate_fn)  # a disk fill reads as a disk cache does
 
 
 def _partial_source(dataset: Any, config: LoaderConfig, fill: str, progress: bool, workers: int) -> Any:
@@ -271,7 +257,7 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
             fill = None
     res.settings["cache_fill"], res.sources["cache_fill"] = fill, res.sources["cache"]
     if source is not None:
-        data, collate_fn = _reading(source, transform, overrides.get("collate_fn"))
+        data, collate_fn = reading(source, transform, overrides.get("collate_fn"))
         if collate_fn is not None:
             overrides["collate_fn"] = collate_fn
     else:

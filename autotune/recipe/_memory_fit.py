@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from autotune._units import format_bytes
 from autotune.config import LoaderConfig, partial_count
-from autotune.machine._memory import BUDGET_SHARE, format_bytes
+from autotune.machine._memory import BUDGET_SHARE
 from autotune.machine._memory_limit import JobMemory, job_memory
 
 

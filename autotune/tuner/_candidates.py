@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-from autotune.dataset._probe import Probe
-from autotune.machine._memory import format_bytes
-from autotune.recipe._allocator import ALLOCATORS, availability
+from autotune._units import format_bytes
+from autotune.dataset import Probe
+from autotune.process import ALLOCATORS, availability
 from autotune.tuner._space import Space, start_methods
 
 

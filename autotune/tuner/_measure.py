@@ -19,20 +19,22 @@ import torch
 from torch.utils.data import Subset
 
 from autotune import caches
-from autotune._loader import DeviceConsumer, Transformed, make_loader, with_transform
-from autotune.caches._disk_fill import DiskFill
-from autotune.caches._fill import FirstEpochCache, filling_source
-from autotune.caches._gather import cached_source
-from autotune.caches._key import dataset_key
+from autotune.caches import TRIAL_LOCK, DiskFill, FirstEpochCache, build_partial, dataset_key
 from autotune.caches._lock import BuildLock
-from autotune.caches._partial import build_partial, partial_source
-from autotune.caches._registry import TRIAL_LOCK
 from autotune.caches._trust import check_trusted
 from autotune.config import LoaderConfig, partial_count
-from autotune.dataset._determinism import check_deterministic
-from autotune.machine._evict import EvictionReport, evict
-from autotune.machine._memory import tree_pss
-from autotune.recipe._process import apply_at_runtime
+from autotune.dataset import check_deterministic
+from autotune.loader import (
+    DeviceConsumer,
+    Transformed,
+    cached_source,
+    filling_source,
+    make_loader,
+    partial_source,
+    with_transform,
+)
+from autotune.machine import EvictionReport, evict, tree_pss
+from autotune.process import apply_at_runtime
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._predict import HEAD, EpochTiming, predict
 
