@@ -176,6 +176,38 @@ def test_the_space_offers_a_partial_memory_cache_when_the_whole_does_not_fit():
         whole.params_for(LoaderConfig(cache="memory", cache_share=0.25))
 
 
+@pytest.mark.parametrize("shares", [(0.3,), (0.3, 0.15)])
+def test_the_searchs_first_points_lie_in_a_space_with_a_partial_cache(shares):
+    from autotune.tuner._study import _priors
+
+    space = Space(max_workers=2, caches=(None, "memory", "pickle"), cache_shares=shares,
+                  cache_fills=("build", "first_epoch"), allocators=("glibc", "glibc-tuned"))
+    priors = _priors(space, space.default())
+    assert [p.cache_share for p in priors if p.cache == "memory"] == [0.3, 0.3]  # the most that fits
+    for prior in priors:
+        assert space.suggest(_replay(space, prior)) == prior
+
+
+def _replay(space, config):
+    from autotune.tuner._space import _Replay
+
+    space.params_for(config)  # raises where the point is outside the space
+    return _Replay(config)
+
+
+def test_a_memory_cache_is_left_out_when_not_even_one_percent_fits():
+    from autotune.dataset._probe import Probe
+
+    fields = {f: None for f in Probe.__dataclass_fields__}
+    probe = Probe(**{**fields, "length": 2000, "sample_bytes": 570_000.0, "deterministic": True,
+                     "determinism_note": ""})
+    limits = Limits(usable_cpus=1, memory_budget=600 * MIB, disk_free=100 * GIB, process_memory=595 * MIB,
+                    caches=("memory",), allocators=("glibc",))
+    space = build_space(probe, limits)
+    assert space.caches == (None,) and space.cache_shares == ()
+    assert any(n.startswith("cache memory left out: needs ~") and "--max-memory" in n for n in limits.notes)
+
+
 def test_one_share_is_fixed_not_asked():
     space = Space(max_workers=0, caches=(None, "memory"), cache_shares=(0.3,))
     assert "cache_share" not in space.params_for(LoaderConfig(cache="memory", cache_share=0.3))

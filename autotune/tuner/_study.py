@@ -323,14 +323,15 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
     if caches:
         allocator = "glibc-tuned" if "glibc-tuned" in space.allocators else default.allocator
         cache = "memory" if "memory" in caches else caches[0]
-        priors.append(replace(default, cache=cache, allocator=allocator))
+        share = space.cache_shares[0] if cache == "memory" and space.cache_shares else None  # the most that fits
+        priors.append(replace(default, cache=cache, allocator=allocator, cache_share=share))
         if ("first_epoch" in space.cache_fills and cache in space.filled_caches and space.max_workers
                 and "fork" in space.contexts):
             # The same cache filled while the first epoch trains, its decode spread over the workers.
             priors.append(LoaderConfig(num_workers=space.max_workers, prefetch_factor=2,
                                        persistent_workers=True in space.persistent, multiprocessing_context="fork",
                                        main_threads=default.main_threads, cache=cache, cache_fill="first_epoch",
-                                       allocator=allocator))
+                                       allocator=allocator, cache_share=share))
     elif 1 in space.main_threads and default.main_threads != 1:
         priors.append(replace(default, main_threads=1))
     return priors
