@@ -27,9 +27,17 @@ class Limits:
     notes: list[str] = field(default_factory=list)
 
 
-def disk_free(folder: Path) -> int:
-    folder.mkdir(parents=True, exist_ok=True)
-    return shutil.disk_usage(folder).free
+def disk_free(*folders: Path) -> int:
+    """The free space a disk cache may use: the least of the folders it is written in (the trials' caches
+    under the work folder, the factory's under the cache root), each measured at its nearest existing folder
+    (nothing is created to look)."""
+    free = []
+    for folder in folders:
+        existing = Path(folder).absolute()
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        free.append(shutil.disk_usage(existing).free)
+    return min(free)
 
 
 def cache_choices(probe: Probe, limits: Limits) -> tuple[str | None, ...]:
