@@ -31,7 +31,7 @@ batch_size = 8
 """
 
 
-def _search(tmp_path, hang, budget="8s"):
+def _search(tmp_path, hang, budget="20s"):
     (tmp_path / "hangs.py").write_text(textwrap.dedent(HANGS.format(hang=hang)))
     return subprocess.run([sys.executable, "-m", "autotune", "search", "hangs.py", "--budget", budget, "--no-progress"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=150)

@@ -40,14 +40,16 @@ def _overdue(now: float) -> str | None:
             return None
         deadline, per_read, fix = _armed[-1]
         what, started = _reads[-1]
+    running = now - started
     if now >= deadline:
-        why = "the budget ran out"
-    elif now - started >= per_read:
-        why = f"the longest a read may take ({per_read:.0f} s, a quarter of the budget)"
+        when = "when the budget ran out"
+    elif running >= per_read:
+        when = "(the longest one read may take, a quarter of the budget)"
     else:
         return None
-    return (f"{what} had not returned after {now - started:.0f} s, {why}: a read that hangs (a dead network "
-            f"mount, a lock, an endless loop in __getitem__) or a very slow one; {fix}")
+    return (f"{what} had not returned after {running:.0f} s {when}: a read that hangs (a dead network mount, a "
+            f"lock, an endless loop in __getitem__), a very slow one, or a budget too small for this machine; "
+            f"{fix}")
 
 
 def _watch(stop: threading.Event) -> None:
