@@ -6,12 +6,12 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
-from autotune._duration import format_seconds
+from autotune._units import format_seconds
 from autotune.errors import AutotuneError
 
 if TYPE_CHECKING:
     from autotune._api import Recipe
-    from autotune.dataset._userfile import UserSpec
+    from autotune.dataset import UserSpec
     from autotune.tuner._options import SearchOptions
     from autotune.tuner._study import Outcome
 
@@ -70,7 +70,7 @@ def options_from(args: argparse.Namespace) -> SearchOptions:
 
 
 def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
-    from autotune.machine._memory import format_bytes
+    from autotune._units import format_bytes
     from autotune.recipe._measured import Subset
 
     m = recipe.profile.measured
@@ -113,8 +113,7 @@ def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from autotune._api import search_spec
-    from autotune.dataset._userfile import load_user_file
-    from autotune.dataset._watchdog import guarded
+    from autotune.dataset import guarded, load_user_file
     from autotune.recipe._file import RecipeFile
 
     opts = options_from(args)
@@ -135,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _spec_is_stream(spec: UserSpec) -> bool:
-    from autotune.dataset._stream import is_stream
+    from autotune.dataset import is_stream
 
     return is_stream(spec.dataset)
 

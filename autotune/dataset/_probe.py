@@ -17,7 +17,7 @@ from autotune.dataset._stream import first_samples, sample_key
 from autotune.dataset._userfile import UserSpec, read_sample
 from autotune.dataset._watchdog import reading
 from autotune.errors import DatasetError
-from autotune.machine._shm import batch_bytes
+from autotune.machine import batch_bytes
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypedDict
 
-from autotune._duration import format_seconds, parse_duration
+from autotune._units import format_seconds, parse_duration
 from autotune.errors import AutotuneError
 from autotune.recipe._factory_runs import FactoryRun
 
