@@ -146,11 +146,12 @@ def test_a_subset_partial_cache_maps_positions_to_indices():
 
 def test_partial_shares_fit_the_budget_with_the_process():
     limits = Limits(usable_cpus=2, memory_budget=600 * MIB, disk_free=GIB, process_memory=300 * MIB)
-    assert partial_shares(1200 * MIB, limits) == (0.25, 0.1)  # 300 MiB of room: a quarter, and half of it
-    assert partial_shares(1200 * MIB, Limits(2, 600 * MIB, GIB, process_memory=590 * MIB)) == ()
+    assert partial_shares(1200 * MIB, limits) == (0.25, 0.12)  # 300 MiB of room: a quarter, and half of it
+    assert partial_shares(1200 * MIB, Limits(2, 600 * MIB, GIB, process_memory=590 * MIB)) == ()  # < 1%
+    assert partial_shares(1200 * MIB, Limits(2, 600 * MIB, GIB, process_memory=585 * MIB)) == (0.01,)
     assert partial_shares(1200 * MIB, Limits(2, 600 * MIB, GIB, process_memory=600 * MIB)) == ()
     two = Limits(2, 1200 * MIB, GIB, ranks=2, process_memory=300 * MIB)
-    assert partial_shares(1200 * MIB, two) == (0.25, 0.1)  # each rank holds its own
+    assert partial_shares(1200 * MIB, two) == (0.25, 0.12)  # each rank holds its own
 
 
 def test_the_space_offers_a_partial_memory_cache_when_the_whole_does_not_fit():
@@ -162,11 +163,11 @@ def test_the_space_offers_a_partial_memory_cache_when_the_whole_does_not_fit():
     tight = Limits(usable_cpus=1, memory_budget=600 * MIB, disk_free=100 * GIB, process_memory=300 * MIB,
                    caches=("memory",), allocators=("glibc",))
     space = build_space(probe, tight)
-    assert space.caches == (None, "memory") and space.cache_shares == (0.25, 0.1)
-    assert any("first 25% or 10% of the samples is tried instead" in n for n in tight.notes)
+    assert space.caches == (None, "memory") and space.cache_shares == (0.26, 0.13)
+    assert any("first 26% or 13% of the samples is tried instead" in n for n in tight.notes)
     grid = space.grid()
-    assert LoaderConfig(cache="memory", cache_share=0.25) in grid and LoaderConfig(cache="memory") not in grid
-    assert space.params_for(LoaderConfig(cache="memory", cache_share=0.1))["cache_share"] == 0.1
+    assert LoaderConfig(cache="memory", cache_share=0.26) in grid and LoaderConfig(cache="memory") not in grid
+    assert space.params_for(LoaderConfig(cache="memory", cache_share=0.13))["cache_share"] == 0.13
     roomy = Limits(usable_cpus=1, memory_budget=8 * GIB, disk_free=100 * GIB, caches=("memory",),
                    allocators=("glibc",))
     whole = build_space(probe, roomy)
