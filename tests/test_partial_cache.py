@@ -304,6 +304,22 @@ def test_the_factory_reads_a_partial_recipe_exactly(tmp_path):
         assert all(samples_equal(a, b) for a, b in zip(list(loader), expected, strict=True))
 
 
+def test_the_factory_reports_every_setting_the_fit_changed(tmp_path, recwarn):
+    # Workers whose memory (a TiB over the plain default, as recorded) cannot fit: none, and the settings
+    # the loader reports are the ones it was built with.
+    path = tmp_path / "autotune.json"
+    config = LoaderConfig(num_workers=2, prefetch_factor=4, persistent_workers=True, multiprocessing_context="fork")
+    RecipeFile.merge_write(path, _profile(config, peak=(1 << 40) + GIB, plain=GIB))
+    loader = autotune.load(path).dataloader(Numeric(), progress=False)
+    assert loader.num_workers == 0
+    res = loader.autotune
+    assert res.settings["num_workers"] == 0 and res.sources["num_workers"] == "fitted to the memory limit"
+    assert res.settings["prefetch_factor"] is None and res.settings["persistent_workers"] is False
+    assert sum("0 workers instead of 2" in str(w.message) for w in recwarn) == 1
+    chosen = autotune.load(path).dataloader(Numeric(), progress=False, num_workers=2)  # the caller's: kept
+    assert chosen.num_workers == 2 and chosen.autotune.sources["num_workers"] == "caller"
+
+
 def test_the_factory_fits_a_recipe_tuned_with_more_memory(tmp_path, recwarn):
     # The whole dataset's cache (recorded peak: 1 TiB over the plain default) cannot fit any machine this
     # test runs on: the factory caches what fits and says so in one line.
