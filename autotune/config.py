@@ -28,6 +28,11 @@ The validity rules (docs/architecture.md, "Loader configuration rules"):
    own) or ``"first_epoch"`` (while the first epoch trains: each sample the workers decode goes to
    training and into the cache, later epochs read the cache). It only means something with a cache;
    without one it must be ``"build"``.
+5. ``cache_share`` is the share of the dataset a memory cache holds when all of it does not fit: the
+   first ``partial_count(share, len(dataset))`` samples by index stay in memory for the whole run, the
+   rest are read from the source every epoch (CoorDL's MinIO policy: nothing is evicted, so a dataset
+   larger than memory does not thrash as the page cache's LRU does). Only with ``cache="memory"``;
+   ``0 < share < 1``; the whole dataset is stored as unset (one spelling).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import RecipeError
+from autotune.process import ProcessSettings
 
 DEFAULT_PREFETCH = 2  # DataLoader's own default with workers
 CONTEXTS = ("fork", "forkserver", "spawn")
@@ -50,6 +56,13 @@ WORKER_ONLY = ("prefetch_factor", "persistent_workers", "multiprocessing_context
 MAX_WORKERS = 1024
 MAX_PREFETCH = 1024
 MAX_THREADS = 4096
+
+
+def partial_count(share: float | None, length: int) -> int:
+    """The samples a memory cache of ``share`` holds of ``length`` (rule 5): the first ones, at least one."""
+    if share is None:
+        return length
+    return max(1, min(length, int(share * length + 1e-6)))  # a share written as count / length gives count back
 
 
 class ConfigError(ValueError):
@@ -85,6 +98,7 @@ class LoaderConfig:
     cache: str | None = None  # a cache backend, None for none
     allocator: str = "glibc"
     cache_fill: str = "build"  # when the cache is filled (rule 4); recipes without it read "build"
+    cache_share: float | None = None  # the share of the dataset a memory cache holds (rule 5); None: all
 
     def __post_init__(self) -> None:
         _check_int("num_workers", self.num_workers, 0, MAX_WORKERS, optional=False)
@@ -100,6 +114,13 @@ class LoaderConfig:
         _check_choice("cache_fill", self.cache_fill, CACHE_FILLS, optional=False)
         if self.cache_fill != "build" and self.cache is None:  # rule 4
             raise ConfigError(f"cache_fill={self.cache_fill!r} needs a cache, but cache=None")
+        if self.cache_share is not None:  # rule 5
+            share = self.cache_share
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+                raise ConfigError(f"cache_share must be a number above 0 and at most 1, but got {share!r}")
+            if self.cache != "memory":
+                raise ConfigError(f"cache_share={share!r} needs cache='memory', but cache={self.cache!r}")
+            object.__setattr__(self, "cache_share", None if share == 1 else float(share))
         if not self.num_workers:  # rule 1
             set_ = [k for k in WORKER_ONLY if getattr(self, k) not in (None, False)]
             if set_:
@@ -125,6 +146,8 @@ class LoaderConfig:
             values["worker_threads"] = None
         if values.get("cache") is None:  # rule 4
             values["cache_fill"] = "build"
+        if values.get("cache") != "memory":  # rule 5
+            values["cache_share"] = None
         return cls(**values)
 
     def replace(self, **changes: Any) -> LoaderConfig:
@@ -144,8 +167,12 @@ class LoaderConfig:
         return kwargs
 
     def to_json(self) -> dict[str, Any]:
-        """The recipe's ``"config"`` object."""
-        return dataclasses.asdict(self)
+        """The recipe's ``"config"`` object. ``cache_share`` only where set: a recipe without a partial cache
+        stays readable by a version before it."""
+        out = dataclasses.asdict(self)
+        if out["cache_share"] is None:
+            del out["cache_share"]
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> LoaderConfig:
@@ -171,10 +198,8 @@ class LoaderConfig:
             del items["cache_fill"]
         return json.dumps(items, sort_keys=True)
 
-    def process_settings(self) -> Any:
-        """The process-level part: allocator and thread counts (``autotune.recipe._process``)."""
-        from autotune.recipe._process import ProcessSettings
-
+    def process_settings(self) -> ProcessSettings:
+        """The process-level part: allocator and thread counts (``autotune.process``)."""
         return ProcessSettings(allocator=self.allocator, main_threads=self.main_threads,
                                worker_threads=self.worker_threads)
 
@@ -183,11 +208,13 @@ class LoaderConfig:
         holds it, as the factory builds it: every rank its own memory cache, or the node one disk cache,
         built once and shared."""
         if not self.cache or ranks <= 1:
-            return self.cache or "none"
+            return self.cache if self.cache and self.cache_share is None else (
+                f"memory cache of the first {self.cache_share:.0%} of the samples" if self.cache else "none")
         if self.cache != "memory":
             return f"{self.cache} cache, shared by the node's {ranks} ranks"
         filled = ", each filled with its rank's samples" if self.cache_fill == "first_epoch" else ""
-        return f"memory cache, one per rank (x{ranks} in memory){filled}"
+        share = f" of the first {self.cache_share:.0%} of the samples" if self.cache_share is not None else ""
+        return f"memory cache{share}, one per rank (x{ranks} in memory){filled}"
 
     def describe(self, ranks: int = 1) -> str:
         """One readable line: the loader keywords, then threads, cache and allocator where set; ``ranks``
@@ -210,6 +237,8 @@ class LoaderConfig:
             held = (f" (shared by the node's {ranks} ranks)" if self.cache != "memory"
                     else f" (one per rank, x{ranks} in memory)")
         parts.append(f"cache={self.cache or 'none'}{held}")
+        if self.cache_share is not None:
+            parts.append(f"cache_share={self.cache_share:g}")
         if self.cache and self.cache_fill != "build":
             parts.append(f"cache_fill={self.cache_fill}")
         if self.allocator != "glibc":
@@ -221,7 +250,9 @@ def fork_allows_threads(context: str | None, worker_threads: int | None) -> bool
     """Rule 3: forked workers keep one intra-op thread (no context: the platform's default method)."""
     if (worker_threads or 1) == 1:
         return True
-    return (context or multiprocessing.get_context().get_start_method()) != "fork"
+    # get_start_method(allow_none=True) reads the method without fixing it, as get_context() would
+    default = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    return (context or default) != "fork"
 
 
 DEFAULT = LoaderConfig()

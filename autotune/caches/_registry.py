@@ -33,6 +33,7 @@ from autotune.caches._lmdb import LmdbCache, record_disk_bytes
 from autotune.caches._lock import BuildLock, is_free, lock_path
 from autotune.caches._memory import MemoryCache
 from autotune.caches._pickle import PickleCache
+from autotune.caches._trials import TRIAL_LOCK, is_leftover
 from autotune.caches._trust import (
     KEY_NAME,
     KEY_TMP_PREFIX,
@@ -257,8 +258,7 @@ def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, ma
 # -------------------------------------------------------------------------------- list and clear
 _TEMP = re.compile(r"^\.((?:pickle|hdf5|lmdb)(?:-.+)?)\.(tmp|old|fill)-(-?\d+)-[0-9a-f]+$")  # _base's and _disk_fill's
 _LOCK = re.compile(r"^\.((?:pickle|hdf5|lmdb)(?:-.+)?)\.lock$")
-_TRIAL = re.compile(r"^trial-[A-Za-z0-9_.-]+$")  # autotune/tuner/_lifecycle.py names them
-TRIAL_LOCK = ".trial.lock"
+_TRIAL = re.compile(r"^trial-[A-Za-z0-9_.-]+$")  # caches/_trials.py names them
 
 
 def _dir_bytes(path: Path) -> int:
@@ -306,8 +306,6 @@ def _classify(path: Path) -> dict[str, Any]:
     if _TRIAL.match(path.name):
         inner = [_classify(p) for p in sorted(path.iterdir()) if not _trial_bookkeeping(p)]
         if all(e["kind"] != "foreign" for e in inner):
-            from autotune.tuner._lifecycle import is_leftover
-
             # held by its trial, or made by a search still running (before its trial took the lock)
             busy = not is_free(path / TRIAL_LOCK) or not is_leftover(path)
             entry.update(kind="trial", nbytes=_dir_bytes(path), status="trial running" if busy else "trial leftover",

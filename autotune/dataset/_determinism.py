@@ -26,6 +26,7 @@ import torch
 
 from autotune.caches._codec import samples_equal
 from autotune.caches._draws import WatchedReads, message
+from autotune.dataset._userfile import read_sample
 
 log = logging.getLogger("autotune")
 _EPOCHS = (0, 1)
@@ -101,18 +102,30 @@ def check_deterministic(dataset: Any, probe: int = 3, seed: int = 0, *, timeout:
     """Read ``probe`` indices as the module docstring says; (True, "") or (False, one-line reason that
     names ``transform=``). ``timeout``: seconds the worker may take for one read (0: no limit)."""
     indices = _indices(len(dataset), probe, seed)
-    reads = WatchedReads(dataset)
+    noting = _Noting(WatchedReads(dataset))
     first = []
     for i in indices:
-        sample, drawn = reads.read_noting(i)
-        if drawn is not None:
-            return False, message(i, f"drew from {drawn}")
+        sample = read_sample(noting, i)  # under the search's watchdog, a failure in one line
+        if noting.drawn is not None:
+            return False, message(i, f"drew from {noting.drawn}")
         first.append(sample)
     for i, before in zip(indices, first):
-        if not samples_equal(before, dataset[i]):
+        if not samples_equal(before, read_sample(dataset, i)):
             return False, message(i, "returned different samples on two reads")
     problem = _in_a_worker(dataset, indices, first, timeout) if indices else ""
     return (not problem), problem
+
+
+class _Noting:
+    """``dataset[i]`` read through ``reads``, keeping the generator the last read drew from."""
+
+    def __init__(self, reads: WatchedReads):
+        self.reads = reads
+        self.drawn: str | None = None
+
+    def __getitem__(self, i: int) -> Any:
+        sample, self.drawn = self.reads.read_noting(i)
+        return sample
 
 
 __all__ = ["check_deterministic"]

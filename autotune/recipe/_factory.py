@@ -19,18 +19,14 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from autotune._loader import make_loader, with_transform
-from autotune.caches._draws import RandomSamples, last_line
-from autotune.caches._fill import FirstEpochCache, filling_source
-from autotune.caches._gather import cached_source
-from autotune.caches._key import dataset_key
+from autotune.caches import cache_path, dataset_key, default_root, expected_manifest
 from autotune.config import WORKER_ONLY as _WORKER_ONLY
 from autotune.config import ConfigError, LoaderConfig
-from autotune.dataset._determinism import check_deterministic
-from autotune.dataset._stream import is_stream
+from autotune.dataset import is_stream
 from autotune.errors import AutotuneError, DatasetError
-from autotune.machine._cpus import build_workers
-from autotune.recipe._process import apply_at_runtime
+from autotune.loader import FactorySite, make_loader, prepare_source
+from autotune.machine import ranks_per_node
+from autotune.process import apply_at_runtime
 
 log = logging.getLogger("autotune")
 
@@ -92,86 +88,39 @@ def _resolve(profile: Any, overrides: dict[str, Any], cache: Any) -> tuple[Loade
         config = LoaderConfig.fitted(**values)
     except ConfigError as exc:
         raise AutotuneError(f"Cannot build the DataLoader: {exc}.") from None
-    res.settings = {k: getattr(config, k) for k in (*TUNED_KEYS, "cache")}
+    res.settings = {k: getattr(config, k) for k in (*TUNED_KEYS, "cache", "cache_share")}
+    res.sources["cache_share"] = res.sources["cache"]
     return config, res
 
 
-def cache_manifest(dataset: Any, data_dir: str | Path | None = None) -> dict[str, Any]:
-    """What a full cache of ``dataset`` is stored under and checked against: the identity and content
-    key of the dataset actually passed (``caches._key``), never anything the recipe says, so a train
-    and a val set through one recipe get two caches."""
-
-    return dataset_key(dataset, data_dir=data_dir)
-
-
-def _data_dir(profile: Any) -> str | None:
-    value = (profile.dataset or {}).get("data_dir")
-    return value if isinstance(value, str) and value else None
-
-
 def cache_location(profile: Any, dataset: Any, cache_dir: str | Path | None = None) -> Path | None:
-    """Where the factory keeps the recipe's disk cache for ``dataset`` (None: memory or no cache)."""
-    from autotune import caches
-
+    """Where the factory keeps the recipe's disk cache for ``dataset`` (None: memory or no cache). A cache
+    belongs to the dataset actually passed (its key, ``caches._key``), never to anything the recipe says,
+    so a train and a val set through one recipe get two caches."""
     backend = profile.config.cache
     if backend in (None, "memory"):
         return None
-    root = Path(cache_dir) if cache_dir is not None else caches.default_root()
-    manifest = caches.expected_manifest(cache_manifest(dataset, _data_dir(profile)), range(len(dataset)))
-    return caches.cache_path(backend, root, manifest)
+    root = Path(cache_dir) if cache_dir is not None else default_root()
+    return cache_path(backend, root, expected_manifest(dataset_key(dataset), range(len(dataset))))
 
 
-def _warn_once(text: str) -> None:
-    """One warning for this loader (Python's filter shows it once per place in the user's code)."""
-    warnings.warn(text, stacklevel=_caller_stacklevel())
+def _fit_memory(config: LoaderConfig, profile: Any, dataset: Any, res: Resolution, stream: bool,
+                batch_size: int) -> LoaderConfig:
+    """``config`` fitted to the memory this job may take now (``recipe._memory_fit``); a change is said in
+    one line naming the limit."""
+    from autotune.recipe._memory_fit import fit_memory
 
-
-def _deterministic(dataset: Any, backend: str) -> bool:
-    """Whether ``dataset[i]`` may be cached; one warning when not, since a cache would freeze one draw
-    of its random samples for every epoch."""
-    deterministic, reason = check_deterministic(dataset)
-    if not deterministic:
-        _warn_once(f"The {backend!r} cache is not used: {reason}.")
-    return deterministic
-
-
-def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os.PathLike[str] | None,
-                   progress: bool, workers: int) -> Any:
-    """The opened (or built) cache of ``dataset``, or None when its samples are random (warned): found up
-    front, or by the build, which then stored nothing."""
-    from autotune import caches
-
-    if not _deterministic(dataset, backend):
-        return None
-    manifest = {} if backend == "memory" else cache_manifest(dataset, _data_dir(profile))
-    root = None if cache_dir is None else os.fspath(cache_dir)
-    try:
-        return caches.open_or_build(backend, dataset, root=root, manifest=manifest, progress=progress,
-                                    workers=workers)
-    except RandomSamples as exc:
-        _warn_once(f"The {backend!r} cache is not used: {last_line(exc)}.")
-        return None
-
-
-def _filling_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os.PathLike[str] | None) -> Any:
-    """A cache filled while the first epoch trains (a disk cache already there is opened instead), or
-    None when the samples are random (warned). A fill that finds randomness later gives itself up."""
-    from autotune.caches._registry import open_or_fill
-
-    if not _deterministic(dataset, backend):
-        return None
-    if backend == "memory":
-        return FirstEpochCache(dataset)
-    return open_or_fill(backend, dataset, root=None if cache_dir is None else os.fspath(cache_dir),
-                        manifest=cache_manifest(dataset, _data_dir(profile)))
-
-
-def _reading(source: Any, transform: Callable[..., Any] | None,
-             collate_fn: Callable[..., Any] | None) -> tuple[Any, Callable[..., Any] | None]:
-    """The dataset a loader reads from a cache or a fill, and the collate function to pass with it."""
-    if isinstance(source, FirstEpochCache):
-        return filling_source(source, transform, collate_fn)
-    return cached_source(source, transform, collate_fn)  # a disk fill reads as a disk cache does
+    if not config.num_workers and (stream or config.cache != "memory"):
+        return config  # nothing the recipe adds that a smaller choice would save
+    fit = fit_memory(config, profile.measured, dataset, batch_size=batch_size, ranks=ranks_per_node(),
+                     keep_workers=res.sources.get("num_workers") == "caller")
+    if fit.line is None:
+        return config
+    for key in (*TUNED_KEYS, "cache", "cache_share"):  # fewer workers may drop the worker-only keys too
+        if getattr(fit.config, key) != getattr(config, key):
+            res.settings[key], res.sources[key] = getattr(fit.config, key), "fitted to the memory limit"
+    res.not_applied.append(fit.line)
+    return fit.config
 
 
 def world_size() -> int:
@@ -226,28 +175,25 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
             res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
     else:
         config = config.replace(allocator="glibc", main_threads=None, worker_threads=None)
-    source = None
-    fill = config.cache_fill if config.cache else None
-    if fill == "first_epoch" and config.cache != "memory" and world_size() > 1:
-        fill = "build"  # each rank's first epoch reads its shard only: the node's one cache would never be whole
+    config = _fit_memory(config, profile, dataset, res, stream, overrides.get("batch_size") or 1)
+    if config.cache_fill == "first_epoch" and config.cache != "memory" and world_size() > 1:
+        # each rank's first epoch reads its shard only: the node's one cache would never be whole
+        config = config.replace(cache_fill="build")
         res.not_applied.append(f"cache_fill='first_epoch' with the {config.cache} cache in a job of several ranks: "
                                "the node's cache is built first")
-    if config.cache:
-        if fill == "first_epoch":
-            source = _filling_source(dataset, config.cache, profile, cache_dir)
-        else:
-            source = _cached_source(dataset, config.cache, profile, cache_dir, progress, build_workers())
-        if source is None:
-            config = config.replace(cache=None)
-            res.settings["cache"], res.sources["cache"] = None, "not used: random samples"
-            fill = None
-    res.settings["cache_fill"], res.sources["cache_fill"] = fill, res.sources["cache"]
-    if source is not None:
-        data, collate_fn = _reading(source, transform, overrides.get("collate_fn"))
-        if collate_fn is not None:
-            overrides["collate_fn"] = collate_fn
-    else:
-        data = with_transform(dataset, transform, stream)
+    site = FactorySite(cache_dir, progress=progress)
+    prepared = prepare_source(dataset, config, site, transform=transform, collate_fn=overrides.get("collate_fn"),
+                              stream=stream)
+    if prepared.random:
+        warnings.warn(f"The {config.cache!r} cache is not used: {prepared.why}.", stacklevel=_caller_stacklevel())
+        config = config.replace(cache=None)
+        res.settings["cache"], res.sources["cache"] = None, "not used: random samples"
+        res.settings["cache_share"], res.sources["cache_share"] = None, res.sources["cache"]
+    res.settings["cache_fill"] = config.cache_fill if config.cache else None
+    res.sources["cache_fill"] = res.sources["cache"]
+    if prepared.collate_fn is not None:
+        overrides["collate_fn"] = prepared.collate_fn
+    data = prepared.dataset
     loader = make_loader(data, config, user_worker_init=user_init, loader_cls=loader_cls, **overrides)
     loader.autotune = res
     if not config.num_workers and res.sources.get("num_workers") == "recipe":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime as _dt
+import hashlib
 import json
 import os
 import secrets
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune import __version__
+from autotune.caches import default_root
 from autotune.config import LoaderConfig
 from autotune.errors import HardwareMismatch, RecipeError
 from autotune.machine import _hardware
@@ -55,21 +58,6 @@ class RecipeMismatchWarning(UserWarning):
     """No profile in the recipe file was tuned on this machine; the nearest one is used."""
 
 
-def _autotune_version() -> str:
-    try:
-        from autotune import __version__
-
-        return str(__version__)
-    except ImportError:
-        pass
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-
-        return version("dataloader-autotune")
-    except (ImportError, PackageNotFoundError):
-        return "unknown"
-
-
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
 
@@ -79,7 +67,8 @@ def _now() -> str:
 # Facts a profile's "hardware" may hold, with the JSON types each may take (None: unknown here).
 _HARDWARE_TYPES: dict[str, tuple[type, ...]] = {
     "cpu_model": (str,), "usable_cpus": (int,), "logical_cpus": (int,), "memory_bytes": (int,),
-    "gpus": (list,), "torch": (str,), "cuda": (str,), "python": (str,), "platform": (str,),
+    "memory_limit_bytes": (int,), "gpus": (list,), "torch": (str,), "cuda": (str,), "python": (str,),
+    "platform": (str,),
     "shm_bytes": (int,), "fingerprint": (str,), "ranks_per_node": (int,),
 }
 _MAX_INT = 2**62  # larger than any real count of bytes or CPUs; rejects absurd hand-edits
@@ -96,7 +85,7 @@ class Profile:
     config: LoaderConfig = field(default_factory=LoaderConfig)
     measured: Measured = field(default_factory=Measured)
     created: str = field(default_factory=_now)
-    autotune_version: str = field(default_factory=_autotune_version)
+    autotune_version: str = __version__
     # what the factory cost on this machine, from `autotune validate` (recipe/_factory_runs.py)
     factory_runs: tuple[FactoryRun, ...] = ()
     # keys a newer autotune of the same format version wrote; kept so a merge does not drop them
@@ -252,7 +241,7 @@ def _migrate(data: dict[str, Any], path: Path) -> dict[str, Any]:
     if version > VERSION:
         raise RecipeError(
             f"Recipe file {path} has format version {version}, newer than this autotune reads "
-            f"(up to {VERSION}); upgrade autotune (pip install -U autotune), or run "
+            f"(up to {VERSION}); upgrade autotune (pip install -U dataloader-autotune), or run "
             f"`autotune search DATASET --output OTHER.json` to write a separate file."
         )
     while version < VERSION:
@@ -406,18 +395,26 @@ def _atomic_write_text(target: Path, text: str) -> None:
             os.close(dir_fd)
 
 
+def recipe_lock_path(path: Path) -> Path:
+    """Where the lock of the recipe at ``path`` lives: ``autotune-locks`` beside the cache root."""
+    name = hashlib.sha256(str(Path(path).resolve()).encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    return default_root().parent / "autotune-locks" / f"recipe-{name}.lock"
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """Hold an advisory lock on ``.NAME.lock`` beside the recipe while it is read and rewritten
-    (the recipe itself is replaced, so it cannot carry the lock).  No lock where fcntl is absent."""
+    """Hold an advisory lock for the recipe while it is read and rewritten (the recipe itself is replaced,
+    so it cannot carry the lock).  The lock file lies beside the user's cache folder, named by the recipe's
+    real path, never in the user's repository.  No lock where fcntl is absent."""
     try:
         import fcntl
     except ImportError:
         yield
         return
-    lock_path = path.parent / f".{path.name}.lock"
+    lock_path = recipe_lock_path(path)
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        lock_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError:
         yield  # read-only folder etc.: the write below reports the real problem
         return

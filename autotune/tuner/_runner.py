@@ -24,10 +24,12 @@ from typing import Any
 
 import psutil
 
+from autotune._units import format_bytes
+from autotune.caches import trial_folder
 from autotune.config import LoaderConfig
-from autotune.machine._memory import format_bytes, tree_pss, tree_rss
-from autotune.recipe._process import PRELOAD_ALLOCATORS, launch_env
-from autotune.tuner._lifecycle import trial_folder, watch_parent
+from autotune.machine import tree_pss, tree_rss
+from autotune.process import PRELOAD_ALLOCATORS, launch_env
+from autotune.tuner._lifecycle import watch_parent
 from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
 from autotune.tuner._measurement import Measurement
 
@@ -310,7 +312,7 @@ class Runner:
                 # cache folder, so a disk cache is built once there (under its build lock) and read by all.
                 trial_dir = trial_folder(plan.cache_root)
                 if self.ranks > 1:
-                    from autotune.caches._trust import ensure_root
+                    from autotune.caches import ensure_root
 
                     ensure_root(trial_dir)  # tagged before any rank writes its lock there
             for r in range(self.ranks):
@@ -331,7 +333,7 @@ class Runner:
                 sender.close()
             if give_up_after is not None and env is not None:
                 give_up_after += 5.0  # a spawned interpreter's start-up is not part of the measured figure
-            return self._watch(ranks, timeout, should_prune, give_up_after)
+            result = self._watch(ranks, timeout, should_prune, give_up_after)
         finally:
             for rank in ranks:
                 rank.receiver.close()
@@ -342,6 +344,13 @@ class Runner:
                 rank.proc.join(10)
             if trial_dir:
                 shutil.rmtree(trial_dir, ignore_errors=True)
+        if self.memory_limit and result.peak_memory_bytes > self.memory_limit:
+            # The subset's run fitted, the whole run would not: its memory cache holds every sample. A recipe
+            # over the budget would be OOM-killed where the budget is a job's limit.
+            together = f" ({len(ranks)} ranks together)" if len(ranks) > 1 else ""
+            raise TrialFailed(f"its whole run needs {format_bytes(result.peak_memory_bytes)}{together} (a memory "
+                              f"cache of every sample), over the memory budget of {format_bytes(self.memory_limit)}")
+        return result
 
     def _watch(self, ranks: list[_Rank], timeout: float, should_prune: Callable[[int, float], bool] | None,
                give_up_after: float | None) -> Measurement:
