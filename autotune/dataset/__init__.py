@@ -21,6 +21,8 @@ from autotune.dataset._stream import (
     stream_length,
 )
 from autotune.dataset._userfile import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_EPOCHS,
     UserSpec,
     check_dataset,
     import_file,
@@ -30,6 +32,8 @@ from autotune.dataset._userfile import (
 )
 
 __all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_EPOCHS",
     "Probe",
     "Resolved",
     "UserSpec",

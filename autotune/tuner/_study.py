@@ -34,7 +34,7 @@ from autotune.tuner._lifecycle import stop_on_signals
 from autotune.tuner._measure import Plan
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._preparation import Setup, prepare, with_subset
-from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, warm_forkserver
+from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, TrialRunner, warm_forkserver
 from autotune.tuner._space import Space
 
 SEARCH_SHARE = 0.7  # of the budget; the rest re-measures the finalists interleaved
@@ -145,7 +145,8 @@ class _Progress:
             self.bar.close()
 
 
-def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None, runner: Any = None) -> Outcome:
+def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None,
+           runner: TrialRunner | None = None) -> Outcome:
     """Tune ``spec``. ``setup`` and ``runner`` default to the real preparation and trial processes;
     the search-core tests pass their own, to run the loop in memory. Optuna's log level and the warning
     filters are the caller's again when it returns.
@@ -160,7 +161,7 @@ def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None, r
         optuna.logging.set_verbosity(verbosity)
 
 
-def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: Any) -> Outcome:
+def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: TrialRunner | None) -> Outcome:
     started = time.monotonic()
     deadline = started + opts.budget
     storage = _storage.open_storage(_storage_url(opts))  # a bad URL fails before any time is spent
@@ -240,7 +241,7 @@ def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: An
         progress.close()
 
 
-def _run_trial(study: optuna.Study, trial: optuna.Trial, space: Space, setup: Setup, runner: Any,
+def _run_trial(study: optuna.Study, trial: optuna.Trial, space: Space, setup: Setup, runner: TrialRunner,
                deadline: float, log_dir: Path, shm_limited: list[str], durations: list[float],
                counters: dict[str, int], costs: FactoryCosts) -> None:
     """Suggest, measure and tell one trial. Every write to the trial is guarded: another search may have
@@ -404,7 +405,7 @@ def _factory_costs(opts: SearchOptions, hw: dict[str, Any], probe: Probe, plan: 
                         length=probe.length, batch_size=spec.batch_size, build_workers=plan.build_workers)
 
 
-def _finish(study: optuna.Study, space: Space, runner: Any, plan: Plan, probe: Probe, hw: dict[str, Any],
+def _finish(study: optuna.Study, space: Space, runner: TrialRunner, plan: Plan, probe: Probe, hw: dict[str, Any],
             limits: Limits, opts: SearchOptions, started: float, progress: _Progress, costs: FactoryCosts) -> Outcome:
     default = space.default()
     finalists = _best_distinct(study, opts.finalists)
