@@ -30,6 +30,7 @@ from autotune.dataset._userfile import (
     read_sample,
     require_map_style,
 )
+from autotune.dataset._watchdog import guarded, reading
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -43,6 +44,7 @@ __all__ = [
     "dataset_fingerprint",
     "epoch_state_warning",
     "first_samples",
+    "guarded",
     "import_file",
     "is_datamodule",
     "is_stream",
@@ -51,6 +53,7 @@ __all__ = [
     "probe_dataset",
     "probe_stream",
     "read_sample",
+    "reading",
     "require_map_style",
     "resolve_datamodule",
     "resolving",

@@ -114,10 +114,11 @@ def _fit_memory(config: LoaderConfig, profile: Profile, dataset: Any, res: Resol
 
     if not config.num_workers and (stream or config.cache != "memory"):
         return config  # nothing the recipe adds that a smaller choice would save
-    fit = fit_memory(config, profile.measured, dataset, batch_size=batch_size, ranks=ranks_per_node())
+    fit = fit_memory(config, profile.measured, dataset, batch_size=batch_size, ranks=ranks_per_node(),
+                     keep_workers=res.sources.get("num_workers") == "caller")
     if fit.line is None:
         return config
-    for key in ("num_workers", "cache", "cache_share"):
+    for key in (*TUNED_KEYS, "cache", "cache_share"):  # fewer workers may drop the worker-only keys too
         if getattr(fit.config, key) != getattr(config, key):
             res.settings[key], res.sources[key] = getattr(fit.config, key), "fitted to the memory limit"
     res.not_applied.append(fit.line)
