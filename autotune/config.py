@@ -43,7 +43,6 @@ from autotune.errors import RecipeError
 
 DEFAULT_PREFETCH = 2  # DataLoader's own default with workers
 CONTEXTS = ("fork", "forkserver", "spawn")
-CACHES = ("memory", "pickle", "hdf5", "lmdb")
 ALLOCATORS = ("glibc", "glibc-tuned", "tcmalloc", "jemalloc")
 CACHE_FILLS = ("build", "first_epoch")
 WORKER_ONLY = ("prefetch_factor", "persistent_workers", "multiprocessing_context", "worker_threads")
@@ -61,6 +60,22 @@ def _check_int(name: str, value: Any, low: int, high: int, *, optional: bool) ->
         return
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ConfigError(f"{name} must be an integer from {low} to {high}, but got {value!r}")
+
+
+def cache_backend(name: str) -> Any:
+    """The registered class of the cache backend ``name`` (``autotune.caches._family``); AutotuneError
+    naming the valid ones. The family is imported on first use: the caches sit above this module (they
+    read through the loader, which imports it), and a configuration without a cache needs none of them."""
+    from autotune.caches._family import backend
+
+    return backend(name)
+
+
+def cache_names() -> tuple[str, ...]:
+    """The registered cache backends' names (see ``cache_backend``)."""
+    from autotune.caches._family import names
+
+    return names()
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...], *, optional: bool) -> None:
@@ -95,7 +110,8 @@ class LoaderConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, but got {getattr(self, name)!r}")
         _check_choice("multiprocessing_context", self.multiprocessing_context, CONTEXTS, optional=True)
-        _check_choice("cache", self.cache, CACHES, optional=True)
+        if self.cache is not None:
+            _check_choice("cache", self.cache, cache_names(), optional=True)
         _check_choice("allocator", self.allocator, ALLOCATORS, optional=False)
         _check_choice("cache_fill", self.cache_fill, CACHE_FILLS, optional=False)
         if self.cache_fill != "build" and self.cache is None:  # rule 4
@@ -171,6 +187,12 @@ class LoaderConfig:
             del items["cache_fill"]
         return json.dumps(items, sort_keys=True)
 
+    @property
+    def cache_in_memory(self) -> bool:
+        """Whether the cache lives in the memory of the process that built it, so every rank holds its
+        own (memory), or in a folder the node's ranks share (the disk backends); False without one."""
+        return self.cache is not None and bool(cache_backend(self.cache).in_memory)
+
     def process_settings(self) -> Any:
         """The process-level part: allocator and thread counts (``autotune.recipe._process``)."""
         from autotune.recipe._process import ProcessSettings
@@ -184,10 +206,10 @@ class LoaderConfig:
         built once and shared."""
         if not self.cache or ranks <= 1:
             return self.cache or "none"
-        if self.cache != "memory":
+        if not self.cache_in_memory:
             return f"{self.cache} cache, shared by the node's {ranks} ranks"
         filled = ", each filled with its rank's samples" if self.cache_fill == "first_epoch" else ""
-        return f"memory cache, one per rank (x{ranks} in memory){filled}"
+        return f"{self.cache} cache, one per rank (x{ranks} in memory){filled}"
 
     def describe(self, ranks: int = 1) -> str:
         """One readable line: the loader keywords, then threads, cache and allocator where set; ``ranks``
@@ -207,7 +229,7 @@ class LoaderConfig:
             parts.append(f"main_threads={self.main_threads}")
         held = ""
         if self.cache and ranks > 1:  # the same words as describe_cache, in one parenthesis
-            held = (f" (shared by the node's {ranks} ranks)" if self.cache != "memory"
+            held = (f" (shared by the node's {ranks} ranks)" if not self.cache_in_memory
                     else f" (one per rank, x{ranks} in memory)")
         parts.append(f"cache={self.cache or 'none'}{held}")
         if self.cache and self.cache_fill != "build":

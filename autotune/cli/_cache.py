@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from autotune.caches import BACKENDS, clear_caches, default_root, list_caches
+from autotune.caches import clear_caches, default_root, disk_names, list_caches
 from autotune.machine._memory import format_bytes
 
 _TRIALS = Path("cache") / "trials"  # under a search's --workdir
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ap.add_argument("--workdir", type=Path, default=Path(".autotune"),
                         help="a search's --workdir, whose trial leftovers are included (default %(default)s)")
         if name == "clear":
-            ap.add_argument("--backend", choices=[b for b in BACKENDS if b != "memory"], help="only this backend")
+            ap.add_argument("--backend", choices=list(disk_names()), help="only this backend")
     p.set_defaults(func=run)
 
 

@@ -24,7 +24,7 @@ from autotune.caches._fill import FirstEpochCache, filling_source
 from autotune.caches._gather import cached_source
 from autotune.caches._key import dataset_key
 from autotune.config import WORKER_ONLY as _WORKER_ONLY
-from autotune.config import ConfigError, LoaderConfig
+from autotune.config import ConfigError, LoaderConfig, cache_backend
 from autotune.dataset._determinism import check_deterministic
 from autotune.dataset._stream import is_stream
 from autotune.errors import AutotuneError, DatasetError
@@ -113,7 +113,7 @@ def cache_location(profile: Any, dataset: Any, cache_dir: str | Path | None = No
     from autotune import caches
 
     backend = profile.config.cache
-    if backend in (None, "memory"):
+    if backend is None or profile.config.cache_in_memory:
         return None
     root = Path(cache_dir) if cache_dir is not None else caches.default_root()
     manifest = caches.expected_manifest(cache_manifest(dataset, _data_dir(profile)), range(len(dataset)))
@@ -140,7 +140,7 @@ def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os
 
     if not _deterministic(dataset, backend):
         return None
-    manifest = {} if backend == "memory" else cache_manifest(dataset, _data_dir(profile))
+    manifest = {} if cache_backend(backend).in_memory else cache_manifest(dataset, _data_dir(profile))
     root = None if cache_dir is None else os.fspath(cache_dir)
     return caches.open_or_build(backend, dataset, root=root, manifest=manifest, progress=progress,
                                 workers=workers)
@@ -153,7 +153,7 @@ def _filling_source(dataset: Any, backend: str, profile: Any, cache_dir: str | o
 
     if not _deterministic(dataset, backend):
         return None
-    if backend == "memory":
+    if cache_backend(backend).in_memory:
         return FirstEpochCache(dataset)
     return open_or_fill(backend, dataset, root=None if cache_dir is None else os.fspath(cache_dir),
                         manifest=cache_manifest(dataset, _data_dir(profile)))
@@ -221,7 +221,7 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
         config = config.replace(allocator="glibc", main_threads=None, worker_threads=None)
     source = None
     fill = config.cache_fill if config.cache else None
-    if fill == "first_epoch" and config.cache != "memory" and world_size() > 1:
+    if fill == "first_epoch" and not config.cache_in_memory and world_size() > 1:
         fill = "build"  # each rank's first epoch reads its shard only: the node's one cache would never be whole
         res.not_applied.append(f"cache_fill='first_epoch' with the {config.cache} cache in a job of several ranks: "
                                "the node's cache is built first")

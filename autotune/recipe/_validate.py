@@ -333,7 +333,7 @@ def _build_parts(recipe_path: str, dataset: Any, profile: Any) -> dict[str, floa
         start = time.perf_counter()
         check_deterministic(dataset)
         parts["determinism_check"] = time.perf_counter() - start
-        if profile.config.cache != "memory":
+        if not profile.config.cache_in_memory:
             start = time.perf_counter()
             cache_manifest(dataset, (profile.dataset or {}).get("data_dir") or None)
             parts["cache_key"] = time.perf_counter() - start

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from autotune.config import cache_backend
 from autotune.dataset._probe import Probe
 from autotune.machine._memory import format_bytes
 from autotune.recipe._allocator import ALLOCATORS, availability
@@ -36,9 +37,9 @@ def cache_choices(probe: Probe, limits: Limits) -> tuple[str | None, ...]:
     """None (no cache) plus every backend whose estimated need fits, each exclusion noted."""
     if limits.caches is not None and not [c for c in limits.caches if c != "none"]:
         return (None,)
-    from autotune.caches import BACKENDS, estimate_need
+    from autotune.caches import backend_names, estimate_need
 
-    wanted = BACKENDS if limits.caches is None else tuple(c for c in limits.caches if c != "none")
+    wanted = backend_names() if limits.caches is None else tuple(c for c in limits.caches if c != "none")
     if not probe.deterministic:
         limits.notes.append(f"caches left out: {probe.determinism_note}")
         return (None,)
@@ -95,6 +96,6 @@ def build_space(probe: Probe, limits: Limits) -> Space:
         caches=caches,
         cache_fills=("build", "first_epoch") if any(caches) else ("build",),
         # Each rank's first epoch reads only its shard: a node's shared disk cache would never be whole.
-        filled_caches=tuple(c for c in caches if c and (c == "memory" or max(1, limits.ranks) == 1)),
+        filled_caches=tuple(c for c in caches if c and (cache_backend(c).in_memory or max(1, limits.ranks) == 1)),
         allocators=allocator_choices(limits),
     )

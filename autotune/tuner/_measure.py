@@ -116,7 +116,7 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
         return Source(with_transform(workload.dataset, workload.transform, stream=True), workload.collate_fn)
     if config.cache is None:
         return Source(Transformed(workload.dataset, workload.transform, plan.indices), workload.collate_fn)
-    if config.cache_fill == "first_epoch" and config.cache == "memory":
+    if config.cache_fill == "first_epoch" and config.cache_in_memory:
         start = time.perf_counter()
         cache = FirstEpochCache(workload.dataset, plan.indices)  # filled by the first epoch itself
         build_seconds = time.perf_counter() - start
@@ -149,7 +149,7 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
     if plan.cache_indices is not None:  # a cache of every rank's samples: this rank reads its shard
         position = {index: k for k, index in enumerate(indices)}
         dataset = Subset(dataset, [position[i] for i in plan.indices])
-    memory_bytes = built.nbytes if config.cache == "memory" else 0
+    memory_bytes = built.nbytes if config.cache_in_memory else 0
     return Source(dataset, collate_fn, build_seconds, head, built, memory_bytes)
 
 
@@ -163,7 +163,7 @@ def _build(workload: Workload, config: LoaderConfig, plan: Plan, root: str, indi
 
     assert config.cache is not None
     name = f"{config.cache}-{part}" if part else config.cache
-    if plan.shares_cache and config.cache != "memory":
+    if plan.shares_cache and not config.cache_in_memory:
         manifest = {"key": f"trial-{part}" if part else "trial", "dataset": workload.fingerprint, "trial": True}
         return caches.open_or_build(config.cache, workload.dataset, root=root, manifest=manifest, indices=indices,
                                     progress=False, workers=plan.build_workers)
@@ -184,7 +184,7 @@ def _factory_fixed_seconds(workload: Workload, config: LoaderConfig, plan: Plan)
 
     start = time.perf_counter()
     check_deterministic(workload.dataset)
-    if config.cache != "memory":
+    if not config.cache_in_memory:
         dataset_key(workload.dataset)
     return time.perf_counter() - start
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.config import DEFAULT, LoaderConfig, fork_allows_threads
+from autotune.config import DEFAULT, LoaderConfig, cache_backend, cache_names, fork_allows_threads
 
 PREFETCH_FACTORS = (1, 2, 4, 8)
 
@@ -40,7 +40,8 @@ class Space:
     # autotune/caches/_fill.py for memory, _disk_fill.py for the others); asked only where one of
     # ``filled_caches`` was drawn (a disk cache's fill needs one rank: build_space).
     cache_fills: tuple[str, ...] = ("build",)
-    filled_caches: tuple[str, ...] = ("memory",)
+    filled_caches: tuple[str, ...] = field(default_factory=lambda: tuple(
+        n for n in cache_names() if cache_backend(n).in_memory))
 
     def suggest(self, trial: Any) -> LoaderConfig:
         """Draw a configuration from an Optuna trial; dependent knobs are asked only where they apply."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import optuna
 
-from autotune.config import LoaderConfig
+from autotune.config import LoaderConfig, cache_backend
 from autotune.dataset._probe import Probe
 from autotune.dataset._userfile import UserSpec
 from autotune.errors import AutotuneError, MeasurementError
@@ -322,7 +322,7 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
     caches = [c for c in space.caches if c is not None]
     if caches:
         allocator = "glibc-tuned" if "glibc-tuned" in space.allocators else default.allocator
-        cache = "memory" if "memory" in caches else caches[0]
+        cache = next((c for c in caches if cache_backend(c).in_memory), caches[0])  # no disk needed
         priors.append(replace(default, cache=cache, allocator=allocator))
         if ("first_epoch" in space.cache_fills and cache in space.filled_caches and space.max_workers
                 and "fork" in space.contexts):
