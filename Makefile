@@ -26,10 +26,11 @@ demo: $(STAMP)
 	$(BIN)/autotune search examples/jpeg_folder.py --budget $(BUDGET) --output autotune.json
 	$(BIN)/autotune show autotune.json
 
-# The linters the project keeps clean (configured in pyproject.toml); `make test` runs them first.
+# The linters the project keeps clean (configured in pyproject.toml; lint-imports keeps the layers); `make test` runs them first.
 check: $(STAMP)
 	$(BIN)/ruff check autotune tests benchmarks examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # Two workers, one test file each at a time: most of the suite waits on real processes, budgets and
 # servers, so two files at once fit on 2 CPUs; `make test WORKERS=0` runs it in one process.

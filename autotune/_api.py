@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 
-from autotune._duration import parse_duration
+from autotune._units import parse_duration
 from autotune.config import LoaderConfig
-from autotune.dataset._userfile import UserSpec, check_dataset, load_user_file
+from autotune.dataset import UserSpec, check_dataset, load_user_file, resolving
 from autotune.errors import AutotuneError
-from autotune.integrations._lightning import plain_loader, resolving
+from autotune.integrations._lightning import plain_loader
 from autotune.machine import _hardware as hardware
-from autotune.machine._cpus import ranks_per_node as ranks_from
+from autotune.machine import ranks_per_node as ranks_from
 from autotune.recipe._factory import FROM_RECIPE, build_loader
 from autotune.recipe._file import Profile, RecipeFile, choose_profile
 from autotune.recipe._measured import Measured, RunFigures, Subset

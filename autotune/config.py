@@ -28,6 +28,11 @@ The validity rules (docs/architecture.md, "Loader configuration rules"):
    own) or ``"first_epoch"`` (while the first epoch trains: each sample the workers decode goes to
    training and into the cache, later epochs read the cache). It only means something with a cache;
    without one it must be ``"build"``.
+5. ``cache_share`` is the share of the dataset a memory cache holds when all of it does not fit: the
+   first ``partial_count(share, len(dataset))`` samples by index stay in memory for the whole run, the
+   rest are read from the source every epoch (CoorDL's MinIO policy: nothing is evicted, so a dataset
+   larger than memory does not thrash as the page cache's LRU does). Only with ``cache="memory"``;
+   ``0 < share < 1``; the whole dataset is stored as unset (one spelling).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import RecipeError
+from autotune.process import ProcessSettings
 
 DEFAULT_PREFETCH = 2  # DataLoader's own default with workers
 CONTEXTS = ("fork", "forkserver", "spawn")
@@ -49,6 +55,13 @@ WORKER_ONLY = ("prefetch_factor", "persistent_workers", "multiprocessing_context
 MAX_WORKERS = 1024
 MAX_PREFETCH = 1024
 MAX_THREADS = 4096
+
+
+def partial_count(share: float | None, length: int) -> int:
+    """The samples a memory cache of ``share`` holds of ``length`` (rule 5): the first ones, at least one."""
+    if share is None:
+        return length
+    return max(1, min(length, int(share * length + 1e-6)))  # a share written as count / length gives count back
 
 
 class ConfigError(ValueError):
@@ -64,11 +77,15 @@ def _check_int(name: str, value: Any, low: int, high: int, *, optional: bool) ->
 
 def cache_backend(name: str) -> Any:
     """The registered class of the cache backend ``name`` (``autotune.caches._family``); AutotuneError
-    naming the valid ones. The family is imported on first use: the caches sit above this module (they
-    read through the loader, which imports it), and a configuration without a cache needs none of them."""
+    naming the valid ones. The caches are imported on first use, for they import torch: a process that
+    reads a recipe without a cache (``autotune show``) or imports this module alone needs none of it."""
     from autotune.caches._family import backend
 
     return backend(name)
+
+
+def _in_memory_names() -> tuple[str, ...]:
+    return tuple(n for n in cache_names() if cache_backend(n).in_memory)
 
 
 def cache_names() -> tuple[str, ...]:
@@ -100,6 +117,7 @@ class LoaderConfig:
     cache: str | None = None  # a cache backend, None for none
     allocator: str = "glibc"
     cache_fill: str = "build"  # when the cache is filled (rule 4); recipes without it read "build"
+    cache_share: float | None = None  # the share of the dataset a memory cache holds (rule 5); None: all
 
     def __post_init__(self) -> None:
         _check_int("num_workers", self.num_workers, 0, MAX_WORKERS, optional=False)
@@ -116,6 +134,14 @@ class LoaderConfig:
         _check_choice("cache_fill", self.cache_fill, CACHE_FILLS, optional=False)
         if self.cache_fill != "build" and self.cache is None:  # rule 4
             raise ConfigError(f"cache_fill={self.cache_fill!r} needs a cache, but cache=None")
+        if self.cache_share is not None:  # rule 5
+            share = self.cache_share
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+                raise ConfigError(f"cache_share must be a number above 0 and at most 1, but got {share!r}")
+            if not self.cache_in_memory:
+                wanted = " or ".join(f"cache={n!r}" for n in _in_memory_names())
+                raise ConfigError(f"cache_share={share!r} needs {wanted}, but cache={self.cache!r}")
+            object.__setattr__(self, "cache_share", None if share == 1 else float(share))
         if not self.num_workers:  # rule 1
             set_ = [k for k in WORKER_ONLY if getattr(self, k) not in (None, False)]
             if set_:
@@ -141,6 +167,8 @@ class LoaderConfig:
             values["worker_threads"] = None
         if values.get("cache") is None:  # rule 4
             values["cache_fill"] = "build"
+        if values.get("cache") not in _in_memory_names():  # rule 5
+            values["cache_share"] = None
         return cls(**values)
 
     def replace(self, **changes: Any) -> LoaderConfig:
@@ -160,8 +188,12 @@ class LoaderConfig:
         return kwargs
 
     def to_json(self) -> dict[str, Any]:
-        """The recipe's ``"config"`` object."""
-        return dataclasses.asdict(self)
+        """The recipe's ``"config"`` object. ``cache_share`` only where set: a recipe without a partial cache
+        stays readable by a version before it."""
+        out = dataclasses.asdict(self)
+        if out["cache_share"] is None:
+            del out["cache_share"]
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> LoaderConfig:
@@ -193,10 +225,8 @@ class LoaderConfig:
         own (memory), or in a folder the node's ranks share (the disk backends); False without one."""
         return self.cache is not None and bool(cache_backend(self.cache).in_memory)
 
-    def process_settings(self) -> Any:
-        """The process-level part: allocator and thread counts (``autotune.recipe._process``)."""
-        from autotune.recipe._process import ProcessSettings
-
+    def process_settings(self) -> ProcessSettings:
+        """The process-level part: allocator and thread counts (``autotune.process``)."""
         return ProcessSettings(allocator=self.allocator, main_threads=self.main_threads,
                                worker_threads=self.worker_threads)
 
@@ -205,11 +235,13 @@ class LoaderConfig:
         holds it, as the factory builds it: every rank its own memory cache, or the node one disk cache,
         built once and shared."""
         if not self.cache or ranks <= 1:
-            return self.cache or "none"
+            return self.cache if self.cache and self.cache_share is None else (
+                f"{self.cache} cache of the first {self.cache_share:.0%} of the samples" if self.cache else "none")
         if not self.cache_in_memory:
             return f"{self.cache} cache, shared by the node's {ranks} ranks"
         filled = ", each filled with its rank's samples" if self.cache_fill == "first_epoch" else ""
-        return f"{self.cache} cache, one per rank (x{ranks} in memory){filled}"
+        share = f" of the first {self.cache_share:.0%} of the samples" if self.cache_share is not None else ""
+        return f"{self.cache} cache{share}, one per rank (x{ranks} in memory){filled}"
 
     def describe(self, ranks: int = 1) -> str:
         """One readable line: the loader keywords, then threads, cache and allocator where set; ``ranks``
@@ -232,6 +264,8 @@ class LoaderConfig:
             held = (f" (shared by the node's {ranks} ranks)" if not self.cache_in_memory
                     else f" (one per rank, x{ranks} in memory)")
         parts.append(f"cache={self.cache or 'none'}{held}")
+        if self.cache_share is not None:
+            parts.append(f"cache_share={self.cache_share:g}")
         if self.cache and self.cache_fill != "build":
             parts.append(f"cache_fill={self.cache_fill}")
         if self.allocator != "glibc":

@@ -4,7 +4,7 @@ Rows: three DataLoader paths (decode 2000 random 224x224 JPEGs with num_workers=
 tensors with num_workers=0; the same with 2 persistent workers). Columns: glibc default,
 glibc-tuned (raised mmap/trim thresholds), tcmalloc and jemalloc (preloaded; only where installed).
 
-Every cell runs in a fresh Python process started with ``autotune.recipe._process.launch_env``, so a
+Every cell runs in a fresh Python process started with ``autotune.process._settings.launch_env``, so a
 preload really applies; the runs are interleaved across columns (A B C D A B C D ...). Each process
 runs two epochs and reports the second (the first includes worker start-up and the allocator's
 warm-up); the cell is the median over ``--repeats`` processes with the min-max spread. Batch 64,
@@ -30,7 +30,7 @@ from harness.fresh import allocator_env, run_fresh
 from harness.workloads import BATCH, InMemoryTensors, jpeg_dataset, seeded_loader
 
 # After harness, which puts the checkout's autotune first on sys.path.
-from autotune.recipe import _allocator as allocator
+from autotune.process import _allocator as allocator
 
 NAME = "allocators"
 ROWS = {

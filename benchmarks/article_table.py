@@ -39,10 +39,11 @@ from harness.fresh import allocator_env, run_fresh
 from harness.workloads import BATCH, EPOCHS, jpeg_dataset, jpeg_files, seeded_loader
 from PIL import Image
 
-# After harness, which puts the checkout's autotune first on sys.path.
-from autotune._loader import DeviceConsumer
 from autotune.config import LoaderConfig
 from autotune.dataset._userfile import UserSpec
+
+# After harness, which puts the checkout's autotune first on sys.path.
+from autotune.loader import DeviceConsumer
 
 NAME = "article_table"
 STATE = "search_state.pkl"  # in --workdir: what search_cost.py --reuse needs

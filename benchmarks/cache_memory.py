@@ -23,7 +23,8 @@ from harness import machine, output
 from harness.workloads import seeded_loader
 
 # After harness, which puts the checkout's autotune first on sys.path.
-from autotune.caches import CachedDataset, MemoryCache, open_or_build
+from autotune.caches import MemoryCache, open_or_build
+from autotune.loader import Transformed
 from autotune.machine._memory import tree_pss
 
 NAME = "cache_memory"
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         return [label, output.fmt_bytes(single["pss_total_bytes"]), output.fmt_bytes(multi["pss_total_bytes"]),
                 str(multi["processes"]), f"{runs[label]['ratio']:.3f}", output.fmt_bytes(extra)]
 
-    table_rows = [measure("memory cache", CachedDataset(cache))]
+    table_rows = [measure("memory cache", Transformed(cache))]
     cache_nbytes = cache.nbytes
     if not args.no_naive:
         del cache

@@ -16,6 +16,9 @@ Minutes are those of the 2-CPU machine the README quotes (each result's ``wall_s
                         from them, 3 validations of its recipe)                              (~10 min)
 9. cache_fill.py        2000 JPEGs, 3 epochs; no cache, and each backend built first (0 or 2 workers)
                         or filled by the first epoch (2 workers): 14 cells x 3 repeats      (~10 min)
+10. memory_limit.py     inside a 1.2 GiB cgroup it makes (root; skipped with the reason otherwise):
+                        10,000 and 40,000 JPEGs (6 and 24 GB decoded); a 120 s search and a small grid
+                        inside the limit; 6 rows x 3 interleaved repeats               (~2 h, estimated)
 
 Each script prints its Markdown table (passed through here). Timings are only worth quoting from a quiet
 machine (see docs/architecture.md, "Measuring on small machines"). ``--quick`` runs every script's smoke
@@ -35,7 +38,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ORDER = ("article_table", "search_cost", "cpu_lstm", "accelerator", "allocators", "process_settings",
-         "cache_memory", "prediction", "cache_fill")
+         "cache_memory", "prediction", "cache_fill", "memory_limit")
 
 
 def command(name: str, args: argparse.Namespace, work: Path, failed: list[str]) -> list[str]:

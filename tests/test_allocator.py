@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.recipe import _allocator as allocator
-from autotune.recipe._allocator import (
+from autotune.process import _allocator as allocator
+from autotune.process._allocator import (
     ALLOCATORS,
     apply_mallopt,
     availability,
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 FAULTS_SCRIPT = r"""
 import json, resource, sys
 import numpy as np
-from autotune.recipe import _allocator as allocator
+from autotune.process import _allocator as allocator
 ok = allocator.apply_mallopt() if sys.argv[1] == "mallopt" else None
 def once():
     a = np.empty(64 << 20, dtype=np.uint8)

@@ -27,7 +27,7 @@ _spec.loader.exec_module(run_all)
 # search_cost reuses article_table's search, so they share a group; the groups take about as long
 # (measured: under 7 minutes each on 2 CPUs at a load average of 9; cpu_lstm writes no JPEGs while article_table does).
 GROUPS = (("article_table", "search_cost", "cache_memory", "prediction"),
-          ("cpu_lstm", "accelerator", "allocators", "process_settings", "cache_fill"))
+          ("cpu_lstm", "accelerator", "allocators", "process_settings", "cache_fill", "memory_limit"))
 MACHINE_KEYS = {"cpu_model", "usable_cpus", "memory_bytes", "torch", "described", "fingerprint"}
 TIMEOUT = 1200  # a hang's limit; on a quiet 2-CPU machine the whole module takes a few minutes
 ROW_KEYS = {"epoch_s", "setup_s", "total_s", "first_over_steady", "runs", "repeats"}
@@ -142,6 +142,26 @@ def test_accelerator(results):
     for verdict in data["verdict"].values():
         assert set(verdict) == {"grid_reaches_at_ms", "recipe_short_at_ms", "holds"}
     assert sum("AU where the grid's best does" in note for note in data["notes"]) == 2  # whole run, steady
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(TIMEOUT)
+def test_memory_limit(results):
+    data = _check(results, "memory_limit")
+    if data.get("skipped"):  # not root, or no memory controller: said, and nothing measured
+        assert data["cases"] == [] and "cannot make a memory cgroup here" in data["notes"][0]
+        return
+    [case] = data["cases"]
+    assert case["case"] == "decoded" and case["images"] == 128 and case["limit_bytes"] == int(1.2 * 2**30)
+    assert set(case["rows"]) == {"plain", "C", "autotune", "grid"}
+    assert "memory.limit_in_bytes" in case["limit"]["source"] or "memory.max" in case["limit"]["source"]
+    assert set(case["search"]).issuperset({"wall_s", "config", "measured", "cgroup"})
+    assert {"points", "best", "evaluated"} <= set(case["grid"])
+    for name, row in case["rows"].items():
+        assert set(row).issuperset({"au", "au_steady", "total_s", "epoch_s", "cgroup_peak_bytes", "oom_killed"}), name
+        assert row["oom_killed"] == 0, name  # 128 JPEGs fit: nothing is killed
+        assert 0 < row["au"]["median"] <= row["au_steady"]["median"] <= 1.0
+        assert 0 < row["cgroup_peak_bytes"]["median"] <= case["limit_bytes"]
 
 
 def _script(name):

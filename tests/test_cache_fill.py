@@ -11,9 +11,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 import autotune
+from autotune.caches import FirstEpochCache
 from autotune.caches._codec import samples_equal
-from autotune.caches._fill import FirstEpochCache, filling_source
 from autotune.config import ConfigError, LoaderConfig
+from autotune.loader import filling_source
 from autotune.machine import _hardware as hardware
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.recipe._measured import Measured

@@ -18,7 +18,6 @@ from test_codec import ZooDataset
 
 from autotune import caches, cli
 from autotune.caches import (
-    CachedDataset,
     CacheRebuildWarning,
     CorruptCache,
     StaleCache,
@@ -27,6 +26,7 @@ from autotune.caches import (
 )
 from autotune.caches._codec import samples_equal
 from autotune.errors import AutotuneError
+from autotune.loader import Transformed
 
 BACKENDS = with_plugin(caches.backend_names)  # the built-in ones and the test-only one (backend_plugin)
 DISK = with_plugin(caches.disk_names)
@@ -135,7 +135,7 @@ def test_roundtrip_through_dataloader_workers(backend, workers, context, tmp_pat
     ds = ZooDataset(6, big_endian=False)
     cache = build(backend, ds, tmp_path)
     loader = torch.utils.data.DataLoader(
-        CachedDataset(cache, transform=with_pid), batch_size=None, num_workers=workers,
+        Transformed(cache, transform=with_pid), batch_size=None, num_workers=workers,
         multiprocessing_context=context, collate_fn=identity,
     )
     pids = set()
@@ -154,7 +154,7 @@ def test_roundtrip_through_dataloader_workers(backend, workers, context, tmp_pat
 def test_overflow_samples_through_forked_workers(backend, tmp_path):
     ds = ZooDataset(8, "var")
     cache = build(backend, ds, tmp_path)
-    loader = torch.utils.data.DataLoader(CachedDataset(cache), batch_size=None, num_workers=2, collate_fn=identity)
+    loader = torch.utils.data.DataLoader(Transformed(cache), batch_size=None, num_workers=2, collate_fn=identity)
     got = list(loader)
     assert all(samples_equal(got[i], ds[i]) for i in range(len(ds)))
 
@@ -175,7 +175,7 @@ def test_strided_samples_are_stored_in_their_values_order(backend, workers, tmp_
     assert not ds[1]["chw"].is_contiguous() and not ds[1]["t"].flags.c_contiguous  # the case under test
     cache = open_or_build(backend, ds, root=tmp_path, manifest={"fingerprint": "s"}, workers=workers, progress=False)
     assert_exact(cache, ds)
-    loaded = list(torch.utils.data.DataLoader(CachedDataset(cache), batch_size=None, num_workers=workers,
+    loaded = list(torch.utils.data.DataLoader(Transformed(cache), batch_size=None, num_workers=workers,
                                               collate_fn=identity))
     assert all(samples_equal(loaded[i], ds[i]) for i in range(len(ds)))
 
@@ -349,7 +349,7 @@ def test_transform_stays_random_per_epoch(backend, tmp_path):
     ds = Tensors()
     cache = build(backend, ds, tmp_path)
     assert_exact(cache, ds)  # before the transform: exactly the dataset
-    loader = torch.utils.data.DataLoader(CachedDataset(cache, add_noise), batch_size=4, num_workers=1)
+    loader = torch.utils.data.DataLoader(Transformed(cache, add_noise), batch_size=4, num_workers=1)
     epoch1 = torch.cat(list(loader))
     epoch2 = torch.cat(list(loader))
     assert not torch.equal(epoch1, epoch2)

@@ -1,6 +1,6 @@
 import pytest
 
-from autotune._duration import parse_duration
+from autotune._units import parse_duration
 from autotune.errors import AutotuneError
 
 

@@ -9,7 +9,8 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from autotune.caches import MemoryCache, PickleCache
 from autotune.caches._codec import samples_equal
-from autotune.caches._gather import GatherDataset, cached_source, can_gather, collate_gathered
+from autotune.caches._gather import GatherDataset, can_gather, collate_gathered
+from autotune.loader import cached_source
 
 pytestmark = pytest.mark.timeout(120)
 

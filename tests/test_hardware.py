@@ -33,8 +33,9 @@ def test_collect_has_every_key_with_sane_types():
     hw = hardware.collect()
     assert set(hw) == {
         "cpu_model", "usable_cpus", "logical_cpus", "memory_bytes", "gpus", "torch", "cuda",
-        "python", "platform", "shm_bytes", "fingerprint", "ranks_per_node",
+        "python", "platform", "shm_bytes", "fingerprint", "ranks_per_node", "memory_limit_bytes",
     }
+    assert hw["memory_limit_bytes"] is None or 0 < hw["memory_limit_bytes"] < hw["memory_bytes"]
     assert hw["ranks_per_node"] == 1
     assert isinstance(hw["usable_cpus"], int) and hw["usable_cpus"] >= 1
     assert isinstance(hw["memory_bytes"], int) and hw["memory_bytes"] > 0
@@ -130,6 +131,29 @@ def test_fingerprint_is_a_known_value():
         "torch": "2.13",
         "cuda": None,
     }
+
+
+def test_memory_limit_is_in_the_identity_only_when_there_is_one():
+    # No limit, and profiles written before the field: the fingerprint pinned above, unchanged.
+    assert hardware.fingerprint(machine(memory_limit_bytes=None)) == "e6c80d66b5f7"
+    limited = machine(memory_limit_bytes=int(1.2 * GIB))
+    assert hardware.identity(limited)["memory_limit_mib"] == 1229
+    assert hardware.fingerprint(limited) != hardware.fingerprint(machine())
+    assert hardware.fingerprint(limited) != hardware.fingerprint(machine(memory_limit_bytes=GIB))  # not whole GiB
+    assert hardware.fingerprint(limited) == hardware.fingerprint(machine(memory_limit_bytes=int(1.2 * GIB) + 4096))
+    assert hardware.differences(machine(memory_limit_bytes=64 * GIB), machine(memory_limit_bytes=8 * GIB)) == [
+        "memory limit: 64.0 GiB -> 8.0 GiB"]
+    assert hardware.differences(machine(), limited) == ["memory limit: none -> 1.2 GiB"]
+    assert "job limit 1.2 GiB" in hardware.describe(limited)
+    assert "job limit" not in hardware.describe(machine())
+
+
+def test_distance_weighs_the_limit_as_memory():
+    here = machine(memory_limit_bytes=8 * GIB)
+    assert hardware.distance(here, machine(memory_limit_bytes=8 * GIB)) == 0.0
+    near, far = machine(memory_limit_bytes=16 * GIB), machine(memory_limit_bytes=64 * GIB)
+    assert 0 < hardware.distance(here, near) < hardware.distance(here, far)
+    assert hardware.distance(here, machine()) == pytest.approx(2.0)  # 8 GiB of limit against a 32 GiB host
 
 
 def test_differences_wording():

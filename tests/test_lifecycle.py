@@ -14,8 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autotune.caches._trials import leftover_trials, remove_leftovers, trial_folder
 from autotune.cli._main import main
-from autotune.tuner._lifecycle import leftover_trials, remove_leftovers, trial_folder
 
 pytestmark = pytest.mark.timeout(240)
 

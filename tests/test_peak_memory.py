@@ -40,3 +40,15 @@ def test_a_memory_cache_on_a_subset_reports_the_whole_datasets_bytes(fill):
     figures = measure(Workload(dataset=MebibyteRows(), batch_size=10, epochs=2), config, plan)
     # the subset's cache held 50 MiB; the whole run's holds all 1000 samples
     assert figures.peak_memory_bytes >= 1000 * MIB
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fill", ["build", "first_epoch"])
+def test_a_partial_memory_cache_on_a_subset_reports_its_share_of_the_whole(fill):
+    # The run caches indices 0..299 (30%); the subset of every 20th index holds 15 of them in memory.
+    config = LoaderConfig(cache="memory", cache_share=0.3, cache_fill=fill)
+    plan = Plan(indices=list(range(0, 1000, 20)), length=1000, epochs_measured=2)
+    figures = measure(Workload(dataset=MebibyteRows(), batch_size=10, epochs=2), config, plan)
+    assert figures.measured_samples == 50
+    # 15 of the subset's 50 samples held: 300 of the whole run's 1000, not all of them
+    assert 300 * MIB <= figures.peak_memory_bytes < 1000 * MIB

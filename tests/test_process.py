@@ -16,9 +16,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from autotune.config import LoaderConfig
-from autotune.recipe import _allocator as allocator
-from autotune.recipe import _process as process
-from autotune.recipe._process import (
+from autotune.process import _allocator as allocator
+from autotune.process import _settings as process
+from autotune.process._settings import (
     ProcessSettings,
     command_line,
     launch_env,
@@ -128,7 +128,7 @@ print(json.dumps(loader_report(sys.argv[1], sys.argv[2])))
 
 MAIN_SCRIPT = r"""
 import json, sys
-from autotune.recipe._process import ProcessSettings, apply_at_runtime
+from autotune.process._settings import ProcessSettings, apply_at_runtime
 from test_process import realloc_faults
 import torch
 settings = ProcessSettings(**json.loads(sys.argv[1]))

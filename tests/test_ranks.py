@@ -17,7 +17,8 @@ import pytest
 from torch.utils.data import DistributedSampler
 
 from autotune import _api
-from autotune.caches import estimate_need
+from autotune._units import format_bytes
+from autotune.caches import estimate_need, remove_leftovers
 from autotune.caches._registry import clear_caches, list_caches
 from autotune.cli._main import main
 from autotune.cli._show import render
@@ -25,9 +26,7 @@ from autotune.config import LoaderConfig
 from autotune.dataset._userfile import UserSpec
 from autotune.machine import _hardware as hardware
 from autotune.machine._cpus import ranks_per_node, usable_cpus
-from autotune.machine._memory import format_bytes
 from autotune.recipe._file import Profile, RecipeFile
-from autotune.tuner._lifecycle import remove_leftovers
 from autotune.tuner._measure import Plan, Workload
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._predict import Prediction

@@ -14,8 +14,8 @@ import pytest
 from autotune.cli import _run as run_cmd
 from autotune.cli._main import build_parser, main
 from autotune.machine import _hardware as hardware
-from autotune.recipe import _allocator as allocator
-from autotune.recipe._process import ProcessSettings
+from autotune.process import _allocator as allocator
+from autotune.process._settings import ProcessSettings
 
 REPO = Path(__file__).resolve().parents[1]
 TCMALLOC = allocator.find_library("tcmalloc")

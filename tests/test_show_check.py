@@ -75,6 +75,18 @@ def test_check_mismatch_exit_3(mismatching, capsys):
     assert "Re-tune here with `autotune search examples/jpeg_folder.py:dataset`." in out
 
 
+def test_check_exit_3_for_a_recipe_tuned_under_another_memory_limit(tmp_path, capsys):
+    # Tuned in a job of 64 GiB, read here (no limit, or another): the limit alone makes it another machine.
+    here = hardware.collect()
+    tuned = dict(here, memory_limit_bytes=64 * 1024**3 if here.get("memory_limit_bytes") != 64 * 1024**3 else None)
+    path = tmp_path / "autotune.json"
+    RecipeFile.merge_write(path, make_profile(tuned, 2))
+    assert main(["check", str(path)]) == 3
+    out = capsys.readouterr().out
+    assert [line.strip() for line in out.splitlines() if "memory limit" in line] == [
+        f"memory limit: 64.0 GiB -> {hardware._show_limit(hardware.identity(here))}"]
+
+
 def test_check_missing_file_exit_2(tmp_path, capsys):
     assert main(["check", str(tmp_path / "autotune.json")]) == 2
     err = capsys.readouterr().err

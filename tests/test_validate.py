@@ -11,11 +11,11 @@ from evict_workloads import FileSamples, page_cache_is_droppable, write_files
 
 import autotune
 from autotune import cli
+from autotune._validate import error_percent, store, validate
 from autotune.config import LoaderConfig
 from autotune.machine import _hardware as hardware
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.recipe._measured import Measured
-from autotune.recipe._validate import error_percent, store, validate
 from autotune.tuner._predict import EpochTiming, scale_epoch
 
 pytestmark = pytest.mark.timeout(120)

@@ -6,14 +6,17 @@ open-or-build, list and clear in ``_registry``.
 """
 
 from autotune.caches._base import FORMAT_VERSION, Cache, CorruptCache, DiskCache, StaleCache
-from autotune.caches._dataset import CachedDataset
+from autotune.caches._disk_fill import DiskFill
 from autotune.caches._family import backend as get_backend
 from autotune.caches._family import disk_names, register, unregister
 from autotune.caches._family import names as backend_names
+from autotune.caches._fill import FirstEpochCache, GatheringFill
+from autotune.caches._gather import GatherDataset, can_gather, collate_gathered
 from autotune.caches._hdf5 import Hdf5Cache
 from autotune.caches._key import dataset_key
 from autotune.caches._lmdb import LmdbCache
 from autotune.caches._memory import MemoryCache
+from autotune.caches._partial import GatheringPartial, PartialCache, build_partial
 from autotune.caches._pickle import PickleCache
 from autotune.caches._registry import (
     CacheRebuildWarning,
@@ -23,25 +26,36 @@ from autotune.caches._registry import (
     expected_manifest,
     list_caches,
     open_or_build,
+    open_or_fill,
 )
+from autotune.caches._trials import TRIAL_LOCK, remove_leftovers, trial_folder
 from autotune.caches._trust import UntrustedCache, default_root, ensure_root
 
 __all__ = [
     "FORMAT_VERSION",
     "Cache",
     "CacheRebuildWarning",
-    "CachedDataset",
     "CorruptCache",
     "DiskCache",
+    "DiskFill",
+    "FirstEpochCache",
+    "GatherDataset",
+    "GatheringFill",
+    "GatheringPartial",
     "Hdf5Cache",
     "LmdbCache",
     "MemoryCache",
+    "PartialCache",
     "PickleCache",
     "StaleCache",
+    "TRIAL_LOCK",
     "UntrustedCache",
     "backend_names",
+    "build_partial",
     "cache_path",
+    "can_gather",
     "clear_caches",
+    "collate_gathered",
     "dataset_key",
     "default_root",
     "disk_names",
@@ -51,6 +65,9 @@ __all__ = [
     "get_backend",
     "list_caches",
     "open_or_build",
+    "open_or_fill",
     "register",
+    "remove_leftovers",
+    "trial_folder",
     "unregister",
 ]

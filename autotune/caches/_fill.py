@@ -12,7 +12,7 @@ when its byte is set and reads the source otherwise. So every epoch yields exact
 a partial first epoch (interrupted, or a sampler that skips samples) leaves a partial cache that
 says so (``whole`` is False) and is completed by whichever later epoch reads the missing samples,
 and nothing is written to disk, so no cache can claim to be whole when it is not. A random
-``transform`` runs after the cache, every epoch (``filling_source``).
+``transform`` runs after the cache, every epoch (``autotune.loader``).
 
 What is not kept: a sample whose shape or type differs from the first samples' (the schema's
 overflow) or that holds leaves the columns cannot hold (strings, objects: the schema's blob
@@ -24,13 +24,14 @@ nothing (exact, but no faster; a search measures that and chooses otherwise).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
 
 from autotune.caches._codec import decode, encode, infer_schema
+from autotune.caches._gather import Gathered, _batch_leaf, _collated, _leaf_gatherable
 from autotune.caches._memory import MemoryCache, _file_columns, _shared_array
 
 _HEAD = 8  # samples read before the workers start, to fix the schema (the built cache reads as many)
@@ -105,13 +106,11 @@ class FirstEpochCache(Dataset[Any]):
         return sample
 
 
-class _GatheringFill(Dataset[Any]):
+class GatheringFill(Dataset[Any]):
     """A first-epoch cache read a whole batch at a time once the batch's samples are all in it
     (``caches._gather``); before that, sample by sample (the collate function handles both)."""
 
     def __init__(self, cache: FirstEpochCache):
-        from autotune.caches._gather import _leaf_gatherable
-
         self.cache = cache
         self.gatherable = all(_leaf_gatherable(leaf) for leaf in cache.schema.leaves)
 
@@ -126,21 +125,7 @@ class _GatheringFill(Dataset[Any]):
         if self.gatherable and cache.attached:
             idx = np.asarray(positions, dtype=np.int64)
             if cache.filled[idx].all():
-                from autotune.caches._gather import Gathered, _batch_leaf, _collated
-
                 values = iter([_batch_leaf(leaf, column[idx])
                                for leaf, column in zip(cache.schema.columns, cache.columns)])
                 return Gathered(_collated(cache.schema.tree, values))
         return [cache[k] for k in positions]
-
-
-def filling_source(cache: FirstEpochCache, transform: Callable[..., Any] | None,
-                   collate_fn: Callable[..., Any] | None) -> tuple[Dataset[Any], Callable[..., Any] | None]:
-    """The dataset a loader reads from ``cache``, and the collate function to pass with it."""
-    if transform is None and collate_fn is None and not cache.schema.has_blob_leaves:
-        from autotune.caches._gather import collate_gathered
-
-        return _GatheringFill(cache), collate_gathered
-    from autotune._loader import Transformed
-
-    return Transformed(cache, transform), collate_fn

@@ -15,9 +15,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from autotune._loader import Transformed
-from autotune.caches import MemoryCache
 from autotune.caches._codec import Leaf, _key_value, _torch_dtype
+from autotune.caches._memory import MemoryCache
 
 _GATHERABLE = {"ndarray", "tensor", "int", "float", "bool"}
 
@@ -100,12 +99,3 @@ class GatherDataset(Dataset[Any]):
         schema = self.cache.schema
         values = iter([_batch_leaf(leaf, column[idx]) for leaf, column in zip(schema.columns, self.cache.columns)])
         return Gathered(_collated(schema.tree, values))
-
-
-def cached_source(cache: Any, transform: Callable[..., Any] | None,
-                  collate_fn: Callable[..., Any] | None) -> tuple[Dataset[Any], Callable[..., Any] | None]:
-    """The dataset a loader reads from ``cache``, and the collate function to pass with it."""
-    if can_gather(cache, collate_fn, transform):
-        return GatherDataset(cache), collate_gathered
-
-    return Transformed(cache, transform), collate_fn

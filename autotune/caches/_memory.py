@@ -15,7 +15,7 @@ import torch
 from autotune.caches._base import Cache, read_source, stored_manifest
 from autotune.caches._codec import decode, encode, infer_schema
 from autotune.caches._family import register
-from autotune.machine._memory_file import FileColumn
+from autotune.machine import FileColumn
 
 _HEAD = 8  # samples read in the calling process to fix the schema before workers start
 

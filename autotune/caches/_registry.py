@@ -32,6 +32,7 @@ from autotune.caches._family import backend as get_backend
 from autotune.caches._family import folder_pattern, names
 from autotune.caches._key import describe_change, kinship
 from autotune.caches._lock import BuildLock, is_free, lock_path
+from autotune.caches._trials import TRIAL_LOCK, is_leftover
 from autotune.caches._trust import TAG_NAME, TAG_TMP_PREFIX, default_root, ensure_root, trust_problem
 
 log = logging.getLogger("autotune")
@@ -223,8 +224,7 @@ def _lock_match(name: str) -> re.Match[str] | None:
     return re.match(rf"^\.({folder_pattern()})\.lock$", name)
 
 
-_TRIAL = re.compile(r"^trial-[A-Za-z0-9_.-]+$")  # autotune/tuner/_lifecycle.py names them
-TRIAL_LOCK = ".trial.lock"
+_TRIAL = re.compile(r"^trial-[A-Za-z0-9_.-]+$")  # caches/_trials.py names them
 
 
 def _dir_bytes(path: Path) -> int:
@@ -272,8 +272,6 @@ def _classify(path: Path) -> dict[str, Any]:
     if _TRIAL.match(path.name):
         inner = [_classify(p) for p in sorted(path.iterdir()) if not _trial_bookkeeping(p)]
         if all(e["kind"] != "foreign" for e in inner):
-            from autotune.tuner._lifecycle import is_leftover
-
             # held by its trial, or made by a search still running (before its trial took the lock)
             busy = not is_free(path / TRIAL_LOCK) or not is_leftover(path)
             entry.update(kind="trial", nbytes=_dir_bytes(path), status="trial running" if busy else "trial leftover",

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from autotune._units import format_bytes
 from autotune.caches import clear_caches, default_root, disk_names, list_caches
-from autotune.machine._memory import format_bytes
 
 _TRIALS = Path("cache") / "trials"  # under a search's --workdir
 

@@ -11,7 +11,7 @@ import argparse
 
 from autotune.errors import AutotuneError, HardwareMismatch, RecipeError
 from autotune.machine import _hardware as hardware
-from autotune.machine._cpus import ranks_per_node
+from autotune.machine import ranks_per_node
 from autotune.recipe._file import RecipeFile, choose_profile, regenerate_command
 
 

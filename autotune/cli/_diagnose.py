@@ -37,7 +37,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from autotune.dataset._userfile import load_user_file, require_map_style
+from autotune.dataset import load_user_file, require_map_style
 from autotune.errors import AutotuneError
 
 

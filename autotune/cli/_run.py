@@ -2,7 +2,7 @@
 process settings applied.
 
 Reads this machine's profile from the recipe, builds the environment with
-:func:`autotune.recipe._process.launch_env` (allocator preload or glibc thresholds, OpenMP/MKL thread
+:func:`autotune.process._settings.launch_env` (allocator preload or glibc thresholds, OpenMP/MKL thread
 counts) and replaces itself with CMD, the way ``python -m torch.backends.xeon.run_cpu`` does, so
 CMD's exit status is autotune's. What could not be applied (a library missing here) is said in one
 line each on stderr, with the fallback used; what is applied is said in one line too.
@@ -21,8 +21,8 @@ from typing import TextIO
 
 from autotune.errors import AutotuneError
 from autotune.machine import _hardware as hardware
+from autotune.process import ProcessSettings, launch_env
 from autotune.recipe._file import RecipeFile, choose_profile, mismatch_message
-from autotune.recipe._process import ProcessSettings, launch_env
 
 
 class CommandNotFound(AutotuneError):

@@ -7,12 +7,12 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune._duration import format_seconds, parse_duration
+from autotune._units import format_seconds, parse_duration
 from autotune.errors import AutotuneError
 
 if TYPE_CHECKING:
     from autotune._api import Recipe
-    from autotune.dataset._userfile import UserSpec
+    from autotune.dataset import UserSpec
     from autotune.tuner._study import Outcome, SearchOptions
 
 
@@ -109,7 +109,7 @@ def options_from(args: argparse.Namespace) -> SearchOptions:
 
 
 def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
-    from autotune.machine._memory import format_bytes
+    from autotune._units import format_bytes
     from autotune.recipe._measured import Subset
 
     m = recipe.profile.measured
@@ -152,7 +152,7 @@ def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from autotune._api import search_spec
-    from autotune.dataset._userfile import load_user_file
+    from autotune.dataset import load_user_file
     from autotune.recipe._file import RecipeFile
 
     opts = options_from(args)
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _spec_is_stream(spec: UserSpec) -> bool:
-    from autotune.dataset._stream import is_stream
+    from autotune.dataset import is_stream
 
     return is_stream(spec.dataset)
 

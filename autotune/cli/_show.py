@@ -8,10 +8,10 @@ import textwrap
 from typing import Any
 
 from autotune.machine import _hardware as hardware
+from autotune.process import PRELOAD_ALLOCATORS, command_line
 from autotune.recipe._factory_runs import FACTORY_NOTE
 from autotune.recipe._file import VERSION, Profile, RecipeFile
 from autotune.recipe._measured import Subset
-from autotune.recipe._process import PRELOAD_ALLOCATORS, command_line
 
 WIDTH = 100
 _LABEL = 12  # column where values start, after "    label   "

@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from autotune._duration import format_seconds
+from autotune._units import format_seconds
 from autotune.errors import AutotuneError
 
 if TYPE_CHECKING:
     from autotune._api import Recipe
-    from autotune.dataset._userfile import UserSpec
-    from autotune.recipe._validate import Validation
+    from autotune._validate import Validation
+    from autotune.dataset import UserSpec
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -98,10 +98,10 @@ def validate_spec(recipe: Recipe, spec: UserSpec, *, recipe_path: str | None, ta
     """Run ``recipe`` as the user will (a fresh process over ``target``, the dataset file), store the result
     when given a recipe path, and return the summary to print (shared by `autotune validate` and
     `autotune search --validate`). ``recipe_file`` is where the recipe is read (default ``recipe_path``)."""
-    from autotune.recipe._validate import store, validate_fresh
+    from autotune._validate import store, validate_fresh
 
     if data_dir:
-        from autotune.machine._evict import files_under
+        from autotune.machine import files_under
 
         files_under(data_dir)  # a bad folder is refused before the run
     recipe_file = recipe_file or recipe_path
@@ -125,7 +125,7 @@ def validate_spec(recipe: Recipe, spec: UserSpec, *, recipe_path: str | None, ta
 
 def run(args: argparse.Namespace) -> int:
     from autotune._api import load
-    from autotune.dataset._userfile import load_user_file, require_map_style
+    from autotune.dataset import load_user_file, require_map_style
 
     if args.max_batches is not None and args.max_batches < 2:
         raise AutotuneError(f"--max-batches must be at least 2, but got {args.max_batches}.")

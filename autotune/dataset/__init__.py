@@ -1,6 +1,57 @@
 """The user's dataset: the file that declares it, and what is learnt of it before any candidate runs.
 
-``_userfile`` imports ``PATH[:NAME]`` and its hooks; ``_probe`` reads a few samples (cost, size);
-``_determinism`` and ``_statefulness`` decide which caches and which persistent workers are safe;
-``_fingerprint`` is the dataset's identity.  See docs/architecture.md.
+``_userfile`` imports ``PATH[:NAME]`` and its hooks (``_datamodule`` reads a LightningDataModule);
+``_probe`` reads a few samples (cost, size); ``_determinism`` and ``_statefulness`` decide which caches
+and which persistent workers are safe; ``_stream`` knows streams and their shards; ``_fingerprint`` is
+the dataset's identity.  See docs/architecture.md.
 """
+
+from autotune.dataset._datamodule import Resolved, is_datamodule, resolve_datamodule, resolving
+from autotune.dataset._determinism import check_deterministic
+from autotune.dataset._fingerprint import dataset_fingerprint
+from autotune.dataset._probe import Probe, probe_dataset, probe_stream, time_step
+from autotune.dataset._statefulness import epoch_state_warning
+from autotune.dataset._stream import (
+    check_sharding,
+    first_samples,
+    is_stream,
+    local_shard_files,
+    sample_key,
+    shard_count,
+    stream_length,
+)
+from autotune.dataset._userfile import (
+    UserSpec,
+    check_dataset,
+    import_file,
+    load_user_file,
+    read_sample,
+    require_map_style,
+)
+
+__all__ = [
+    "Probe",
+    "Resolved",
+    "UserSpec",
+    "check_dataset",
+    "check_deterministic",
+    "check_sharding",
+    "dataset_fingerprint",
+    "epoch_state_warning",
+    "first_samples",
+    "import_file",
+    "is_datamodule",
+    "is_stream",
+    "load_user_file",
+    "local_shard_files",
+    "probe_dataset",
+    "probe_stream",
+    "read_sample",
+    "require_map_style",
+    "resolve_datamodule",
+    "resolving",
+    "sample_key",
+    "shard_count",
+    "stream_length",
+    "time_step",
+]

@@ -15,7 +15,7 @@ from autotune.dataset._determinism import check_deterministic
 from autotune.dataset._fingerprint import dataset_fingerprint
 from autotune.dataset._stream import first_samples, sample_key
 from autotune.dataset._userfile import UserSpec, read_sample
-from autotune.machine._shm import batch_bytes
+from autotune.machine import batch_bytes
 
 
 @dataclass(frozen=True)

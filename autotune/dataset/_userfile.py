@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.dataset._datamodule import Resolved, is_datamodule, resolve_datamodule
 from autotune.dataset._stream import is_stream
 from autotune.errors import DatasetError
 
@@ -166,8 +167,6 @@ def load_user_file(target: str, *, batch_size: int | None = None, epochs: int | 
                 f"Calling {name}() from {path} raised {type(exc).__name__}: {exc}. "
                 "Fix it (run with --debug for the traceback)."
             ) from exc
-    from autotune.integrations._lightning import Resolved, is_datamodule, resolve_datamodule
-
     # A LightningDataModule: its training loader's dataset, batch size and collate_fn (the file's hooks win).
     resolved = resolve_datamodule(obj, where) if is_datamodule(obj) else Resolved(obj)
     obj = resolved.dataset

@@ -22,8 +22,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from autotune.machine import _evict
-from autotune.machine._first_touch import first_touch_seconds
+from autotune.machine import _evict, first_touch_seconds
 
 ROUNDS = 2
 _SMALL = 16  # samples in the build that measures the fixed part
@@ -62,7 +61,7 @@ class BuildCost:
 
 def _build(dataset: Any, indices: list[int], workers: int) -> tuple[float, int]:
     """Seconds of a memory-cache build of ``indices``, and the bytes the cache holds."""
-    from autotune.caches._memory import MemoryCache
+    from autotune.caches import MemoryCache
 
     start = time.perf_counter()
     cache = MemoryCache.build(dataset, indices, None, manifest={}, progress=False, workers=workers)
@@ -75,9 +74,9 @@ def _build(dataset: Any, indices: list[int], workers: int) -> tuple[float, int]:
 def build_against_decode(dataset: Any, indices: list[int], files: set[str], *, workers: int | None = None,
                          rounds: int = ROUNDS) -> BuildCost:
     """Time a memory-cache build of ``indices`` against a bare decode pass of them (see the module)."""
-    from autotune.dataset._determinism import check_deterministic
-    from autotune.machine._cpus import build_workers
-    from autotune.recipe._validate import bare_decode
+    from autotune._validate import bare_decode
+    from autotune.dataset import check_deterministic
+    from autotune.machine import build_workers
 
     workers = build_workers() if workers is None else workers
     builds, decodes, touches, nbytes = [], [], [], 0

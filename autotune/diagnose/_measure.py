@@ -36,15 +36,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from autotune._duration import format_fine
-from autotune._loader import move_to
+from autotune._units import format_bytes, format_fine
 from autotune.caches._codec import sample_nbytes
+from autotune.dataset import UserSpec, read_sample
 from autotune.dataset._probe import probe_indices
-from autotune.dataset._userfile import UserSpec, read_sample
 from autotune.diagnose._verdict import Measurements, Verdict, judge
 from autotune.errors import DatasetError
-from autotune.machine._cpus import usable_cpus
-from autotune.machine._memory import format_bytes
+from autotune.loader import move_to
+from autotune.machine import usable_cpus
 
 __all__ = ["diagnose", "measure", "measure_device", "read_files", "transfer_seconds", "default_samples"]
 
@@ -219,20 +218,20 @@ def _evict(paths: set[str]) -> tuple[bool, str]:
     """Evict ``paths`` from the page cache; whether it worked, and a note when not."""
     if not paths:
         return True, ""
-    from autotune.machine._evict import evict
+    from autotune.machine import evict
 
     report = evict(paths)
     return report.effective, report.note
 
 
 def _record(fn: Callable[[], Any]) -> tuple[Any, set[str]]:
-    from autotune.machine._evict import record_files
+    from autotune.machine import record_files
 
     return record_files(fn)
 
 
 def _fits(total_bytes: float) -> bool:
-    from autotune.machine._evict import fits_page_cache
+    from autotune.machine import fits_page_cache
 
     return fits_page_cache(int(total_bytes))
 
@@ -267,7 +266,7 @@ def _consumer(spec: UserSpec) -> tuple[Callable[[Any], Any] | None, str]:
     if spec.train_step is not None:
         return spec.train_step, "train_step"
     if torch.cuda.is_available():
-        from autotune._loader import DeviceConsumer
+        from autotune.loader import DeviceConsumer
 
         return DeviceConsumer(pin_memory=False), "device copy"
     return None, "none"

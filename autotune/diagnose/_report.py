@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune._duration import format_seconds
+from autotune._units import format_bytes, format_seconds
 from autotune.config import DEFAULT, LoaderConfig
 from autotune.errors import AutotuneError, MeasurementError
 from autotune.machine import _hardware as hardware
-from autotune.machine._memory import format_bytes
 from autotune.recipe._file import RecipeFile, choose_profile
 from autotune.recipe._measured import Measured
 from autotune.tuner._measurement import Measurement

@@ -32,7 +32,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autotune._duration import format_fine
+from autotune._units import format_fine
 
 __all__ = ["LOADER_STAGES", "STAGE_LABELS", "Measurements", "Verdict", "judge"]
 

@@ -1,3 +1,40 @@
-"""The machine a recipe is tuned on: hardware facts and fingerprint, the CPUs this process may use,
-memory and its budget, /dev/shm, and page-cache eviction for cold reads.  See docs/architecture.md.
+"""The machine a recipe is tuned on: hardware facts and fingerprint (``_hardware``), the CPUs this
+process may use (``_cpus``), memory and its budget (``_memory``, ``_memory_file``, ``_first_touch``),
+/dev/shm (``_shm``), and page-cache eviction for cold reads (``_evict``).  See docs/architecture.md.
 """
+
+from autotune.machine._cpus import build_workers, ranks_per_node, usable_cpus
+from autotune.machine._evict import (
+    EvictionReport,
+    SourceFiles,
+    evict,
+    files_under,
+    fits_page_cache,
+    record_files,
+    source_files,
+)
+from autotune.machine._first_touch import first_touch_seconds
+from autotune.machine._memory import default_budget, tree_pss, tree_rss
+from autotune.machine._memory_file import FileColumn
+from autotune.machine._shm import batch_bytes, shm_free, shm_rule
+
+__all__ = [
+    "EvictionReport",
+    "FileColumn",
+    "SourceFiles",
+    "batch_bytes",
+    "build_workers",
+    "default_budget",
+    "evict",
+    "files_under",
+    "first_touch_seconds",
+    "fits_page_cache",
+    "ranks_per_node",
+    "record_files",
+    "shm_free",
+    "shm_rule",
+    "source_files",
+    "tree_pss",
+    "tree_rss",
+    "usable_cpus",
+]

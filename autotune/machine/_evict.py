@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from autotune.errors import AutotuneError
+from autotune.machine._memory_limit import JobMemory, job_memory
 
 __all__ = [
     "EvictionReport",
@@ -390,21 +391,22 @@ def _fraction_fd(fd: int, size: int) -> float | None:
     return None if pages is None else pages / -(-size // _PAGE)
 
 
-def fits_page_cache(total_bytes: int, *, available: int | None = None, reserve: int | None = None) -> bool:
+def fits_page_cache(total_bytes: int, *, available: int | None = None, reserve: int | None = None,
+                    memory: JobMemory | None = None) -> bool:
     """Whether ``total_bytes`` of data can stay in the page cache from one epoch to the next.
 
-    ``available`` is the memory the kernel could hand out now (psutil's "available": free plus
-    reclaimable cache, which already counts the data's own cached pages). ``reserve`` is kept for
-    the training process, its workers and everything else: by default a fifth of total memory, at
-    least 1 GiB.
+    The page cache is charged to the job's cgroup, so what can stay is what fits in the job, not in the
+    host (``machine._memory_limit``). ``available`` is the memory the job could take now (the host's
+    "available", or less under a limit: free plus reclaimable cache, which counts the data's own cached
+    pages). ``reserve`` is kept for the training process, its workers and everything else: a fifth of
+    what the job may hold, at least 1 GiB or a quarter of it, whichever is less.
     """
-    import psutil
-
-    vm = psutil.virtual_memory()
-    if available is None:
-        available = vm.available
-    if reserve is None:
-        reserve = max(1 << 30, vm.total // 5)
+    if available is None or reserve is None:
+        memory = memory or job_memory()
+        if available is None:
+            available = memory.available
+        if reserve is None:
+            reserve = max(min(1 << 30, memory.total // 4), memory.total // 5)
     return total_bytes <= available - reserve
 
 

@@ -19,9 +19,9 @@ import sys
 from collections import Counter
 from typing import Any
 
+from autotune._units import format_bytes as _format_bytes
 from autotune.machine._cpus import ranks_per_node as ranks
 from autotune.machine._cpus import usable_cpus
-from autotune.machine._memory import format_bytes as _format_bytes
 
 __all__ = [
     "collect",
@@ -29,6 +29,7 @@ __all__ = [
     "collect_usable_cpus",
     "collect_logical_cpus",
     "collect_memory_bytes",
+    "collect_memory_limit",
     "collect_gpus",
     "collect_torch",
     "collect_cuda",
@@ -98,6 +99,17 @@ def collect_memory_bytes() -> int | None:
         return None
 
 
+def collect_memory_limit() -> int | None:
+    """The job's memory limit in bytes (the tightest cgroup limit or rlimit below the host's RAM,
+    ``machine._memory_limit``); None when only the host's RAM bounds it."""
+    from autotune.machine._memory_limit import job_memory
+
+    try:
+        return job_memory().limit
+    except Exception:  # psutil absent or an unsupported platform: no limit known
+        return None
+
+
 def collect_gpus() -> list[str]:
     """Names of the CUDA devices torch can see, in device order; [] without CUDA."""
     try:
@@ -155,6 +167,7 @@ def collect(ranks_per_node: int | None = 1) -> dict[str, Any]:
         "usable_cpus": collect_usable_cpus(ranks_per_node),
         "logical_cpus": collect_logical_cpus(),
         "memory_bytes": collect_memory_bytes(),
+        "memory_limit_bytes": collect_memory_limit(),
         "gpus": collect_gpus(),
         "torch": collect_torch(),
         "cuda": collect_cuda(),
@@ -185,9 +198,26 @@ def _memory_gib(memory_bytes: int | None) -> int | None:
     return int(round(memory_bytes / _GIB))
 
 
+def _limit_mib(limit_bytes: Any) -> int | None:
+    """Whole MiB: a limit is set by hand or by a scheduler, exactly, and does not drift; a 1.2 GiB limit
+    must not round to the same figure as a 1 GiB one."""
+    if not isinstance(limit_bytes, int) or isinstance(limit_bytes, bool) or limit_bytes <= 0:
+        return None
+    return int(round(limit_bytes / (1 << 20)))
+
+
+def _effective_gib(ident: dict[str, Any]) -> float | None:
+    """What the job may hold, in GiB: its limit where it has one, else the host's RAM."""
+    if ident.get("memory_limit_mib") is not None:
+        return float(ident["memory_limit_mib"]) / 1024
+    return None if ident["memory_gib"] is None else float(ident["memory_gib"])
+
+
 def identity(hw: dict[str, Any]) -> dict[str, Any]:
     """The stable facts that define a machine for the recipe: two runs on the same machine give
-    the same identity; python patch level, platform string, /dev/shm size are left out."""
+    the same identity; python patch level, platform string, /dev/shm size are left out. The job's
+    memory limit is in it only when there is one, so a profile tuned without one (and every profile
+    written before the field) keeps its fingerprint, and one tuned with 64 GiB is not this job's in 8."""
     out = {
         "cpu_model": hw.get("cpu_model"),
         "usable_cpus": hw.get("usable_cpus"),
@@ -198,6 +228,9 @@ def identity(hw: dict[str, Any]) -> dict[str, Any]:
     }
     if (hw.get("ranks_per_node") or 1) > 1:  # only then: one rank's fingerprint stays what it always was
         out["ranks_per_node"] = hw["ranks_per_node"]
+    limit = _limit_mib(hw.get("memory_limit_bytes"))
+    if limit is not None:
+        out["memory_limit_mib"] = limit
     return out
 
 
@@ -239,6 +272,8 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         old_mem = "unknown" if a["memory_gib"] is None else f"{a['memory_gib']} GiB"
         new_mem = "unknown" if b["memory_gib"] is None else f"{b['memory_gib']} GiB"
         out.append(f"memory: {old_mem} -> {new_mem}")
+    if a.get("memory_limit_mib") != b.get("memory_limit_mib"):
+        out.append(f"memory limit: {_show_limit(a)} -> {_show_limit(b)}")
     if a["gpus"] != b["gpus"]:
         out.append(f"GPUs: {format_gpus(a['gpus'])} -> {format_gpus(b['gpus'])}")
     if a["torch"] != b["torch"]:
@@ -248,6 +283,11 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     if a.get("ranks_per_node", 1) != b.get("ranks_per_node", 1):
         out.append(f"ranks per node: {a.get('ranks_per_node', 1)} -> {b.get('ranks_per_node', 1)}")
     return out
+
+
+def _show_limit(ident: dict[str, Any]) -> str:
+    mib = ident.get("memory_limit_mib")
+    return "none" if mib is None else _format_bytes(mib << 20)
 
 
 def _log_ratio(x: Any, y: Any) -> float:
@@ -264,7 +304,8 @@ def distance(a: dict[str, Any], b: dict[str, Any]) -> float:
     - GPUs present on one side only: 8 (pinning, the consumer, everything changes); same count
       but other models: 1; other count: 2 plus the log2 of the count ratio;
     - usable CPUs: 3 per doubling or halving (the bound on ``num_workers``);
-    - memory: 1 per doubling or halving (which caches fit);
+    - memory: 1 per doubling or halving (which caches fit), of what the job may hold (its limit, else
+      the host's RAM); at least 0.1 when only the limit differs;
     - CPU model: 1; CUDA version: 0.5; torch minor version: 0.5.
     """
     x, y = identity(a), identity(b)
@@ -283,6 +324,8 @@ def distance(a: dict[str, Any], b: dict[str, Any]) -> float:
         mx = x["memory_gib"] if x["memory_gib"] != 0 else 0.5
         my = y["memory_gib"] if y["memory_gib"] != 0 else 0.5
         d += max(0.1, _log_ratio(mx, my))
+    if x.get("memory_limit_mib") != y.get("memory_limit_mib"):
+        d += max(0.1, _log_ratio(_effective_gib(x), _effective_gib(y)))
     if x["cpu_model"] != y["cpu_model"]:
         d += 1.0
     if x["cuda"] != y["cuda"]:
@@ -302,7 +345,10 @@ def describe(hw: dict[str, Any]) -> str:
     gpus = "no GPU" if gpus == "none" else gpus
     torch = f"torch {_show(_torch_minor(hw.get('torch')))}"
     torch += f" (CUDA {hw['cuda']})" if hw.get("cuda") else " (CPU)"
-    parts = [hw.get("cpu_model") or "unknown CPU", f"{cpus} CPUs", format_bytes(hw.get("memory_bytes")), gpus, torch]
+    memory = format_bytes(hw.get("memory_bytes"))
+    if _limit_mib(hw.get("memory_limit_bytes")) is not None:
+        memory += f" (job limit {format_bytes(hw['memory_limit_bytes'])})"
+    parts = [hw.get("cpu_model") or "unknown CPU", f"{cpus} CPUs", memory, gpus, torch]
     if (hw.get("ranks_per_node") or 1) > 1:
         parts.append(f"{hw['ranks_per_node']} ranks per node")
     return ", ".join(parts)

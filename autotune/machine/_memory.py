@@ -8,6 +8,8 @@ from typing import Any
 
 import psutil
 
+BUDGET_SHARE = 0.7  # of what is available: the rest is the training's own growth and the kernel's
+
 
 def _pss(proc: psutil.Process) -> int:
     try:
@@ -48,17 +50,14 @@ def tree_rss(pid: int) -> int:
 
 
 def available_bytes() -> int:
-    return int(psutil.virtual_memory().available)
+    """What this job may still take now: the host's available memory, or less under a cgroup or rlimit
+    (``machine._memory_limit``)."""
+    from autotune.machine._memory_limit import job_memory
+
+    return job_memory().available
 
 
 def default_budget() -> int:
-    """A safe share of the memory available now: what a search may let one candidate use."""
-    return int(available_bytes() * 0.7)
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
+    """A safe share of the memory available to this job now: what a search may let one candidate use, and
+    what the factory lets a recipe add."""
+    return int(available_bytes() * BUDGET_SHARE)

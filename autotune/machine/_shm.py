@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from autotune.machine._memory import format_bytes
+from autotune._units import format_bytes
 
 __all__ = ["batch_bytes", "shm_free", "shm_need", "shm_rule"]
 

@@ -19,17 +19,14 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from autotune._loader import make_loader, with_transform
-from autotune.caches._fill import FirstEpochCache, filling_source
-from autotune.caches._gather import cached_source
-from autotune.caches._key import dataset_key
+from autotune.caches import FirstEpochCache, build_partial, dataset_key
 from autotune.config import WORKER_ONLY as _WORKER_ONLY
-from autotune.config import ConfigError, LoaderConfig, cache_backend
-from autotune.dataset._determinism import check_deterministic
-from autotune.dataset._stream import is_stream
+from autotune.config import ConfigError, LoaderConfig, cache_backend, partial_count
+from autotune.dataset import check_deterministic, is_stream
 from autotune.errors import AutotuneError, DatasetError
-from autotune.machine._cpus import build_workers
-from autotune.recipe._process import apply_at_runtime
+from autotune.loader import make_loader, reading, with_transform
+from autotune.machine import build_workers, ranks_per_node
+from autotune.process import apply_at_runtime
 
 log = logging.getLogger("autotune")
 
@@ -91,7 +88,8 @@ def _resolve(profile: Any, overrides: dict[str, Any], cache: Any) -> tuple[Loade
         config = LoaderConfig.fitted(**values)
     except ConfigError as exc:
         raise AutotuneError(f"Cannot build the DataLoader: {exc}.") from None
-    res.settings = {k: getattr(config, k) for k in (*TUNED_KEYS, "cache")}
+    res.settings = {k: getattr(config, k) for k in (*TUNED_KEYS, "cache", "cache_share")}
+    res.sources["cache_share"] = res.sources["cache"]
     return config, res
 
 
@@ -149,7 +147,7 @@ def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os
 def _filling_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os.PathLike[str] | None) -> Any:
     """A cache filled while the first epoch trains (a disk cache already there is opened instead), or
     None when the samples are random (warned)."""
-    from autotune.caches._registry import open_or_fill
+    from autotune.caches import open_or_fill
 
     if not _deterministic(dataset, backend):
         return None
@@ -159,12 +157,31 @@ def _filling_source(dataset: Any, backend: str, profile: Any, cache_dir: str | o
                         manifest=cache_manifest(dataset, _data_dir(profile)))
 
 
-def _reading(source: Any, transform: Callable[..., Any] | None,
-             collate_fn: Callable[..., Any] | None) -> tuple[Any, Callable[..., Any] | None]:
-    """The dataset a loader reads from a cache or a fill, and the collate function to pass with it."""
-    if isinstance(source, FirstEpochCache):
-        return filling_source(source, transform, collate_fn)
-    return cached_source(source, transform, collate_fn)  # a disk fill reads as a disk cache does
+def _partial_source(dataset: Any, config: LoaderConfig, fill: str, progress: bool, workers: int) -> Any:
+    """A memory cache of the first samples, the rest read from the source (``caches._partial``), or None when
+    the samples are random (warned)."""
+    if config.cache is None or not _deterministic(dataset, config.cache):
+        return None
+    count = partial_count(config.cache_share, len(dataset))
+    return build_partial(dataset, count, fill=fill, progress=progress, workers=workers)
+
+
+def _fit_memory(config: LoaderConfig, profile: Any, dataset: Any, res: Resolution, stream: bool,
+                batch_size: int) -> LoaderConfig:
+    """``config`` fitted to the memory this job may take now (``recipe._memory_fit``); a change is said in
+    one line naming the limit."""
+    from autotune.recipe._memory_fit import fit_memory
+
+    if not config.num_workers and (stream or not config.cache_in_memory):
+        return config  # nothing the recipe adds that a smaller choice would save
+    fit = fit_memory(config, profile.measured, dataset, batch_size=batch_size, ranks=ranks_per_node())
+    if fit.line is None:
+        return config
+    for key in ("num_workers", "cache", "cache_share"):
+        if getattr(fit.config, key) != getattr(config, key):
+            res.settings[key], res.sources[key] = getattr(fit.config, key), "fitted to the memory limit"
+    res.not_applied.append(fit.line)
+    return fit.config
 
 
 def world_size() -> int:
@@ -219,6 +236,7 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
             res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
     else:
         config = config.replace(allocator="glibc", main_threads=None, worker_threads=None)
+    config = _fit_memory(config, profile, dataset, res, stream, overrides.get("batch_size") or 1)
     source = None
     fill = config.cache_fill if config.cache else None
     if fill == "first_epoch" and not config.cache_in_memory and world_size() > 1:
@@ -226,17 +244,20 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
         res.not_applied.append(f"cache_fill='first_epoch' with the {config.cache} cache in a job of several ranks: "
                                "the node's cache is built first")
     if config.cache:
-        if fill == "first_epoch":
+        if config.cache_share is not None:
+            source = _partial_source(dataset, config, fill or "build", progress, build_workers())
+        elif fill == "first_epoch":
             source = _filling_source(dataset, config.cache, profile, cache_dir)
         else:
             source = _cached_source(dataset, config.cache, profile, cache_dir, progress, build_workers())
         if source is None:
             config = config.replace(cache=None)
             res.settings["cache"], res.sources["cache"] = None, "not used: random samples"
+            res.settings["cache_share"], res.sources["cache_share"] = None, res.sources["cache"]
             fill = None
     res.settings["cache_fill"], res.sources["cache_fill"] = fill, res.sources["cache"]
     if source is not None:
-        data, collate_fn = _reading(source, transform, overrides.get("collate_fn"))
+        data, collate_fn = reading(source, transform, overrides.get("collate_fn"))
         if collate_fn is not None:
             overrides["collate_fn"] = collate_fn
     else:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune import __version__
 from autotune.config import LoaderConfig
 from autotune.errors import HardwareMismatch, RecipeError
 from autotune.machine import _hardware
@@ -55,21 +56,6 @@ class RecipeMismatchWarning(UserWarning):
     """No profile in the recipe file was tuned on this machine; the nearest one is used."""
 
 
-def _autotune_version() -> str:
-    try:
-        from autotune import __version__
-
-        return str(__version__)
-    except ImportError:
-        pass
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-
-        return version("dataloader-autotune")
-    except (ImportError, PackageNotFoundError):
-        return "unknown"
-
-
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
 
@@ -79,7 +65,8 @@ def _now() -> str:
 # Facts a profile's "hardware" may hold, with the JSON types each may take (None: unknown here).
 _HARDWARE_TYPES: dict[str, tuple[type, ...]] = {
     "cpu_model": (str,), "usable_cpus": (int,), "logical_cpus": (int,), "memory_bytes": (int,),
-    "gpus": (list,), "torch": (str,), "cuda": (str,), "python": (str,), "platform": (str,),
+    "memory_limit_bytes": (int,), "gpus": (list,), "torch": (str,), "cuda": (str,), "python": (str,),
+    "platform": (str,),
     "shm_bytes": (int,), "fingerprint": (str,), "ranks_per_node": (int,),
 }
 _MAX_INT = 2**62  # larger than any real count of bytes or CPUs; rejects absurd hand-edits
@@ -96,7 +83,7 @@ class Profile:
     config: LoaderConfig = field(default_factory=LoaderConfig)
     measured: Measured = field(default_factory=Measured)
     created: str = field(default_factory=_now)
-    autotune_version: str = field(default_factory=_autotune_version)
+    autotune_version: str = __version__
     # what the factory cost on this machine, from `autotune validate` (recipe/_factory_runs.py)
     factory_runs: tuple[FactoryRun, ...] = ()
     # keys a newer autotune of the same format version wrote; kept so a merge does not drop them

@@ -184,7 +184,7 @@ class Measured:
     finalists: tuple[Finalist, ...] = ()
     study_name: str = ""
     study_storage: str = ""
-    validation: ValidationRecord | None = None  # written by ``autotune validate`` (recipe/_validate.py)
+    validation: ValidationRecord | None = None  # written by ``autotune validate`` (_validate.py)
 
     @property
     def speedup(self) -> float | None:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from autotune._units import format_bytes
 from autotune.config import cache_backend
-from autotune.dataset._probe import Probe
-from autotune.machine._memory import format_bytes
-from autotune.recipe._allocator import ALLOCATORS, availability
+from autotune.dataset import Probe
+from autotune.process import ALLOCATORS, availability
 from autotune.tuner._space import Space, start_methods
 
 
@@ -25,12 +26,29 @@ class Limits:
     allocators: tuple[str, ...] | None = None
     stateful: bool = False  # per-epoch state that persistent workers would freeze
     ranks: int = 1  # training processes per node, each with its own memory cache
+    process_memory: int = 0  # what a trial's process holds besides a cache (the search's own, as an estimate)
     notes: list[str] = field(default_factory=list)
+    cache_shares: tuple[float, ...] = ()  # set by cache_choices: a partial memory cache's shares, if any
 
 
 def disk_free(folder: Path) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     return shutil.disk_usage(folder).free
+
+
+SHARE_STEP = 0.01  # partial memory caches are offered in 1% steps (a 1.2 GiB job holds ~10% of 6 GB)
+
+
+def partial_shares(whole: int, limits: Limits) -> tuple[float, ...]:
+    """The shares of the dataset a memory cache of ``whole`` bytes may hold within the budget, with room
+    for the trial's own process: the largest that fits and half of it (the estimate of the process's own
+    memory is rough, and a candidate over the budget fails), in ``SHARE_STEP`` steps; () when none fits."""
+    room = limits.memory_budget / max(1, limits.ranks) - limits.process_memory
+    if whole <= 0 or room <= 0:
+        return ()
+    steps = math.floor(min(1.0, room / whole) / SHARE_STEP + 1e-9)
+    shares = {round(n * SHARE_STEP, 4) for n in (steps, steps // 2) if 0 < n < round(1 / SHARE_STEP)}
+    return tuple(sorted(shares, reverse=True))
 
 
 def cache_choices(probe: Probe, limits: Limits) -> tuple[str | None, ...]:
@@ -52,6 +70,16 @@ def cache_choices(probe: Probe, limits: Limits) -> tuple[str | None, ...]:
             need = (f"needs ~{format_bytes(ram)} of RAM" if ranks == 1 else
                     f"needs ~{format_bytes(ram)} of RAM in each of the node's {ranks} ranks, "
                     f"~{format_bytes(ram * ranks)} together")
+            shares = partial_shares(ram, limits) if cache_backend(name).in_memory else ()
+            if shares:
+                limits.cache_shares = shares
+                choices.append(name)
+                limits.notes.append(
+                    f"cache {name} of the whole dataset left out: {need}, over the budget of "
+                    f"{format_bytes(limits.memory_budget)} (--max-memory); a memory cache of the first "
+                    f"{' or '.join(f'{s:.0%}' for s in shares)} of the samples is tried instead, the rest "
+                    "read from the source")
+                continue
             limits.notes.append(
                 f"cache {name} left out: {need}, over the budget of "
                 f"{format_bytes(limits.memory_budget)} (--max-memory)"
@@ -98,4 +126,5 @@ def build_space(probe: Probe, limits: Limits) -> Space:
         # Each rank's first epoch reads only its shard: a node's shared disk cache would never be whole.
         filled_caches=tuple(c for c in caches if c and (cache_backend(c).in_memory or max(1, limits.ranks) == 1)),
         allocators=allocator_choices(limits),
+        cache_shares=limits.cache_shares if any(c and cache_backend(c).in_memory for c in caches) else (),
     )

@@ -6,9 +6,10 @@ and the folders of a search that was killed anyway are found and removed later.
   they do for Ctrl-C (KeyboardInterrupt). The command line exits 128 + the signal's number.
 - ``watch_parent``: inside a trial process, a thread that kills the trial's whole tree the moment its
   parent is gone (the search was killed with SIGKILL), even when the trial's main thread is stuck in a read.
-- ``trial_folder`` / ``leftover_trials`` / ``remove_leftovers``: each trial's cache folder is named after
-  the host and process id of the search that made it, so a later search (and ``autotune cache clear``)
-  can tell a dead search's leftovers from a live one's folders.
+
+Each trial's cache folder is named after the host and process id of the search that made it
+(``autotune.caches._trials``), so a later search and ``autotune cache clear`` can tell a dead search's
+leftovers from a live one's folders.
 """
 
 from __future__ import annotations
@@ -16,13 +17,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import shutil
 import signal
-import socket
-import tempfile
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
@@ -103,55 +100,3 @@ def kill_descendants() -> None:
     for child in children:
         with contextlib.suppress(Exception):
             child.kill()
-
-
-# ---------------------------------------------------------------------------- trial folders
-
-_PREFIX = "trial-"
-
-
-def _host() -> str:
-    name = socket.gethostname() or "host"
-    return "".join(c if c.isalnum() or c in "._" else "_" for c in name)[:64]
-
-
-def trial_folder(root: str | os.PathLike[str]) -> str:
-    """A new, empty folder for one trial under ``root``: ``trial-HOST-PID-RANDOM``."""
-    os.makedirs(root, exist_ok=True)
-    return tempfile.mkdtemp(prefix=f"{_PREFIX}{_host()}-{os.getpid()}-", dir=root)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def is_leftover(path: Path) -> bool:
-    """A trial folder whose search is gone: made on this host by a process that no longer exists, or by an
-    older autotune that did not name its folders (``trial-RANDOM``). Another host's folders are left alone."""
-    parts = path.name[len(_PREFIX):].rsplit("-", 2)
-    if len(parts) != 3 or not parts[1].isdigit():
-        return True
-    host, pid = parts[0], int(parts[1])
-    return host == _host() and not _alive(pid)
-
-
-def leftover_trials(root: str | os.PathLike[str]) -> list[Path]:
-    """The trial folders under ``root`` left by searches that were killed (see ``is_leftover``)."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and is_leftover(p))
-
-
-def remove_leftovers(root: str | os.PathLike[str]) -> list[Path]:
-    """Remove the leftover trial folders under ``root``; the ones removed."""
-    removed = leftover_trials(root)
-    for path in removed:
-        shutil.rmtree(path, ignore_errors=True)
-    return removed

@@ -19,19 +19,22 @@ import torch
 from torch.utils.data import Subset
 
 from autotune import caches
-from autotune._loader import DeviceConsumer, Transformed, make_loader, with_transform
-from autotune.caches._disk_fill import DiskFill
-from autotune.caches._fill import FirstEpochCache, filling_source
-from autotune.caches._gather import cached_source
-from autotune.caches._key import dataset_key
+from autotune.caches import TRIAL_LOCK, DiskFill, FirstEpochCache, build_partial, dataset_key
 from autotune.caches._lock import BuildLock
-from autotune.caches._registry import TRIAL_LOCK
 from autotune.caches._trust import check_trusted
-from autotune.config import LoaderConfig
-from autotune.dataset._determinism import check_deterministic
-from autotune.machine._evict import EvictionReport, evict
-from autotune.machine._memory import tree_pss
-from autotune.recipe._process import apply_at_runtime
+from autotune.config import LoaderConfig, partial_count
+from autotune.dataset import check_deterministic
+from autotune.loader import (
+    DeviceConsumer,
+    Transformed,
+    cached_source,
+    filling_source,
+    make_loader,
+    partial_source,
+    with_transform,
+)
+from autotune.machine import EvictionReport, evict, tree_pss
+from autotune.process import apply_at_runtime
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._predict import HEAD, EpochTiming, predict
 
@@ -116,6 +119,8 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
         return Source(with_transform(workload.dataset, workload.transform, stream=True), workload.collate_fn)
     if config.cache is None:
         return Source(Transformed(workload.dataset, workload.transform, plan.indices), workload.collate_fn)
+    if config.cache_share is not None:  # a partial cache: in memory only (LoaderConfig rule 5)
+        return _partial(workload, config, plan)
     if config.cache_fill == "first_epoch" and config.cache_in_memory:
         start = time.perf_counter()
         cache = FirstEpochCache(workload.dataset, plan.indices)  # filled by the first epoch itself
@@ -151,6 +156,26 @@ def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
         dataset = Subset(dataset, [position[i] for i in plan.indices])
     memory_bytes = built.nbytes if config.cache_in_memory else 0
     return Source(dataset, collate_fn, build_seconds, head, built, memory_bytes)
+
+
+def _partial(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
+    """A partial memory cache on the subset (``caches._partial``): the whole run caches the first
+    ``partial_count`` indices of the dataset, so the trial caches the subset's samples among them (a seeded
+    subset: about the same share of its reads hit) and reads the others from the source, as the run does.
+    Sorted, the subset's cached indices come first, as the run's do; the loader shuffles positions anyway."""
+    indices, length = plan.cached()
+    order = sorted(indices)
+    first = partial_count(config.cache_share, length)
+    count = sum(1 for i in order if i < first)
+    start = time.perf_counter()
+    cache = build_partial(workload.dataset, count, fill=config.cache_fill, indices=order, progress=False,
+                          workers=plan.build_workers)
+    build_seconds = time.perf_counter() - start
+    dataset, collate_fn = partial_source(cache, workload.transform, workload.collate_fn)
+    if plan.cache_indices is not None:  # a cache of every rank's samples: this rank reads its shard
+        position = {index: k for k, index in enumerate(order)}
+        dataset = Subset(dataset, [position[i] for i in plan.indices])
+    return Source(dataset, collate_fn, build_seconds, cache=cache, memory_bytes=cache.nbytes)
 
 
 def _build(workload: Workload, config: LoaderConfig, plan: Plan, root: str, indices: list[int], part: str) -> Any:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from autotune.errors import MeasurementError
-from autotune.machine._evict import EvictionReport
+from autotune.machine import EvictionReport
 from autotune.tuner._predict import EpochTiming, Prediction
 
 _T = TypeVar("_T")
@@ -36,7 +36,7 @@ class Measurement:
     peak_memory_bytes: int
     build_seconds_subset: float | None = None  # the cache build on the subset; None: not stored (an older study)
     eviction: EvictionReport | None = None  # before the first epoch; None: no files to evict, or not stored
-    process_applied: tuple[str, ...] = ()  # process settings applied in the trial (recipe/_process.py)
+    process_applied: tuple[str, ...] = ()  # process settings applied in the trial (process/_settings.py)
     process_not_applied: tuple[str, ...] = ()  # and the ones that could not be, with the reason
     ranks: tuple[float, ...] = ()  # every rank's predicted total, when ranks ran together (``slowest_rank``)
     runs: tuple[float, ...] = ()  # every run's predicted total, when this is their median (``median``)

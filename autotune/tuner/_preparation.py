@@ -8,15 +8,27 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from autotune._units import format_bytes
+from autotune.dataset import (
+    UserSpec,
+    check_sharding,
+    epoch_state_warning,
+    is_stream,
+    local_shard_files,
+    shard_count,
+    stream_length,
+)
 from autotune.dataset._probe import Probe, probe_dataset, probe_indices, probe_stream
-from autotune.dataset._statefulness import epoch_state_warning
-from autotune.dataset._stream import check_sharding, is_stream, local_shard_files, shard_count, stream_length
-from autotune.dataset._userfile import UserSpec
+from autotune.machine import (
+    SourceFiles,
+    build_workers,
+    default_budget,
+    shm_free,
+    source_files,
+    tree_pss,
+    usable_cpus,
+)
 from autotune.machine import _hardware as hardware
-from autotune.machine._cpus import build_workers, usable_cpus
-from autotune.machine._evict import SourceFiles, source_files
-from autotune.machine._memory import default_budget, format_bytes
-from autotune.machine._shm import shm_free
 from autotune.tuner._candidates import Limits, build_space, disk_free
 from autotune.tuner._measure import Plan, Workload
 from autotune.tuner._space import Space
@@ -73,6 +85,7 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
         allocators=opts.allocators,
         stateful=stateful is not None,
         ranks=ranks,
+        process_memory=tree_pss(os.getpid()),  # a trial's process imports what this one did, and the dataset
     )
     if stateful:
         limits.notes.append(stateful)

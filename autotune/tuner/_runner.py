@@ -24,10 +24,12 @@ from typing import Any
 
 import psutil
 
+from autotune._units import format_bytes
+from autotune.caches import trial_folder
 from autotune.config import LoaderConfig
-from autotune.machine._memory import format_bytes, tree_pss, tree_rss
-from autotune.recipe._process import PRELOAD_ALLOCATORS, launch_env
-from autotune.tuner._lifecycle import trial_folder, watch_parent
+from autotune.machine import tree_pss, tree_rss
+from autotune.process import PRELOAD_ALLOCATORS, launch_env
+from autotune.tuner._lifecycle import watch_parent
 from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
 from autotune.tuner._measurement import Measurement
 
@@ -310,7 +312,7 @@ class Runner:
                 # cache folder, so a disk cache is built once there (under its build lock) and read by all.
                 trial_dir = trial_folder(plan.cache_root)
                 if self.ranks > 1:
-                    from autotune.caches._trust import ensure_root
+                    from autotune.caches import ensure_root
 
                     ensure_root(trial_dir)  # tagged before any rank writes its lock there
             for r in range(self.ranks):

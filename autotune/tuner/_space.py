@@ -42,6 +42,9 @@ class Space:
     cache_fills: tuple[str, ...] = ("build",)
     filled_caches: tuple[str, ...] = field(default_factory=lambda: tuple(
         n for n in cache_names() if cache_backend(n).in_memory))
+    # Shares of the dataset a memory cache may hold when all of it does not fit (LoaderConfig rule 5);
+    # empty: the memory cache holds everything.
+    cache_shares: tuple[float, ...] = ()
 
     def suggest(self, trial: Any) -> LoaderConfig:
         """Draw a configuration from an Optuna trial; dependent knobs are asked only where they apply."""
@@ -58,6 +61,8 @@ class Space:
             values["pin_memory"] = trial.suggest_categorical("pin_memory", [False, True])
         values["main_threads"] = _choose(trial, "main_threads", self.main_threads, None)
         values["cache"] = _none_from(_choose(trial, "cache", [c or "none" for c in self.caches], "none"))
+        if values["cache"] is not None and cache_backend(values["cache"]).in_memory and self.cache_shares:
+            values["cache_share"] = _choose(trial, "cache_share", self.cache_shares)
         if values["cache"] in self.filled_caches:
             values["cache_fill"] = _choose(trial, "cache_fill", self.cache_fills, "build")
         values["allocator"] = _choose(trial, "allocator", self.allocators, DEFAULT.allocator)
@@ -105,6 +110,7 @@ class _Replay:
     def __init__(self, config: LoaderConfig):
         self.values = config.to_json()
         self.values["cache"] = config.cache or "none"
+        self.values["cache_share"] = config.cache_share
         self.params: dict[str, Any] = {}
 
     def suggest_int(self, name: str, low: int, high: int) -> int:

@@ -18,19 +18,19 @@ from typing import Any
 
 import optuna
 
+from autotune._units import format_bytes
+from autotune.caches import remove_leftovers
 from autotune.config import LoaderConfig, cache_backend
-from autotune.dataset._probe import Probe
-from autotune.dataset._userfile import UserSpec
+from autotune.dataset import Probe, UserSpec
 from autotune.errors import AutotuneError, MeasurementError
+from autotune.machine import shm_rule
 from autotune.machine._hardware import fingerprint as hardware_fingerprint
-from autotune.machine._memory import format_bytes
-from autotune.machine._shm import shm_rule
 from autotune.recipe._factory_runs import FactoryRun
 from autotune.recipe._measured import Finalist
 from autotune.tuner import _storage
 from autotune.tuner._candidates import Limits
 from autotune.tuner._factory_costs import FactoryCosts
-from autotune.tuner._lifecycle import remove_leftovers, stop_on_signals
+from autotune.tuner._lifecycle import stop_on_signals
 from autotune.tuner._measure import Plan
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._preparation import Setup, prepare, with_subset

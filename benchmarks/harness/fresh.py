@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.recipe._process import PRELOAD_ALLOCATORS, ProcessSettings, launch_env
+from autotune.process._settings import PRELOAD_ALLOCATORS, ProcessSettings, launch_env
 from harness import REPO
 
 

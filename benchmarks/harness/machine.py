@@ -7,7 +7,7 @@ import platform
 from typing import Any
 
 from autotune.machine import _hardware as hardware
-from autotune.recipe import _allocator as allocator
+from autotune.process import _allocator as allocator
 
 
 def facts(**extra: Any) -> dict[str, Any]:

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from autotune._api import Recipe, search_spec
-from autotune._loader import DeviceConsumer
 from autotune.config import LoaderConfig
+from autotune.loader import DeviceConsumer
 from autotune.machine import _hardware as hardware
 from autotune.recipe._file import Profile
 from autotune.tuner._study import SearchOptions

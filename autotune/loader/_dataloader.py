@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from autotune.config import LoaderConfig
-from autotune.recipe._process import worker_init
+from autotune.process import worker_init
 
 
 class Transformed(Dataset[Any]):

@@ -14,7 +14,7 @@ too small for the next request of the same size, so with raised thresholds the r
 after the heap has grown a few blocks' worth (a handful of batches), then no batch faults again.
 With glibc's defaults every block of 32 MB or more is mmapped and unmapped, so every batch faults.
 
-This module only finds and switches; :mod:`autotune.recipe._process` decides what to apply where.
+This module only finds and switches; :mod:`autotune.process._settings` decides what to apply where.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The promise checked: run a recipe for real and compare with what it predicted.
 
 ``validate_fresh`` runs what the user runs: a fresh Python process (``python -m
-autotune.recipe._validate``) loads the dataset file, evicts its source files, and calls
+autotune._validate``) loads the dataset file, evicts its source files, and calls
 ``autotune.dataloader(...)`` (recipe load and cache build, timed as "build") against an empty temporary
 cache folder, so nothing an earlier run built is reused; then the recipe's ``epochs`` (each bounded by
 ``max_batches`` and extrapolated). After the run, with the clock of the run stopped, the child times
@@ -41,14 +41,11 @@ from torch.utils.data import Sampler
 
 import autotune
 from autotune._api import load
-from autotune._loader import DeviceConsumer
 from autotune.caches._disk_fill import close_all
-from autotune.dataset._determinism import check_deterministic
-from autotune.dataset._fingerprint import dataset_fingerprint
-from autotune.dataset._userfile import load_user_file, require_map_style
+from autotune.dataset import check_deterministic, dataset_fingerprint, load_user_file, require_map_style
 from autotune.errors import AutotuneError, RecipeError
-from autotune.machine import _evict
-from autotune.machine._cpus import build_workers
+from autotune.loader import DeviceConsumer
+from autotune.machine import _evict, build_workers
 from autotune.recipe import _factory_runs
 from autotune.recipe._factory import cache_location, cache_manifest
 from autotune.recipe._file import RecipeFile, _locked
@@ -426,7 +423,7 @@ def validate_fresh(recipe: Any, recipe_path: str | os.PathLike[str], target: str
     env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p)
     try:
         spawned = time.time()
-        out = subprocess.run([sys.executable, "-m", "autotune.recipe._validate", json.dumps(payload)], env=env,
+        out = subprocess.run([sys.executable, "-m", "autotune._validate", json.dumps(payload)], env=env,
                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         raise AutotuneError(f"The validation run did not finish within {timeout:.0f} s; bound it with "

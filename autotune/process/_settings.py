@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.recipe import _allocator as _alloc
+from autotune.process import _allocator as _alloc
 
 PRELOAD_ALLOCATORS = tuple(_alloc.PRELOAD_LIBRARIES)  # ("tcmalloc", "jemalloc")
 

@@ -1,4 +1,5 @@
-"""Parse human time budgets such as ``90s``, ``2m``, ``1m30s``, ``1.5h`` or a plain number of seconds."""
+"""Quantities in words: time budgets such as ``90s``, ``2m``, ``1m30s``, ``1.5h`` (or a plain number of
+seconds) parsed and durations formatted; sizes in bytes formatted."""
 
 from __future__ import annotations
 
@@ -49,3 +50,11 @@ def format_seconds(seconds: float) -> str:
         return f"{int(minutes)}m{secs:02.0f}s"
     hours, minutes = divmod(minutes, 60)
     return f"{int(hours)}h{int(minutes):02d}m"
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

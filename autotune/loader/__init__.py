@@ -1,0 +1,29 @@
+"""A ``LoaderConfig`` made into a real torch DataLoader, the same way for a trial and for the factory.
+
+``_dataloader`` builds the DataLoader (the process settings reach each worker through its
+``worker_init_fn``) and wraps a source in the user's per-sample ``transform``; ``_source`` decides what
+the loader reads: the dataset, or a cache of it.  See docs/architecture.md.
+"""
+
+from autotune.loader._dataloader import (
+    DeviceConsumer,
+    Transformed,
+    TransformedStream,
+    make_loader,
+    move_to,
+    with_transform,
+)
+from autotune.loader._source import cached_source, filling_source, partial_source, reading
+
+__all__ = [
+    "DeviceConsumer",
+    "Transformed",
+    "TransformedStream",
+    "cached_source",
+    "filling_source",
+    "make_loader",
+    "move_to",
+    "partial_source",
+    "reading",
+    "with_transform",
+]
