@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from torch.utils.data import DataLoader
 
@@ -23,8 +24,9 @@ from autotune.recipe._measured import Measured, RunFigures, Subset
 
 if TYPE_CHECKING:
     from autotune.integrations._trainer import TrainerArguments
+    from autotune.tuner._options import SearchKeywords, SearchOptions
     from autotune.tuner._predict import Prediction
-    from autotune.tuner._study import Outcome, SearchOptions
+    from autotune.tuner._study import Outcome
 
 DEFAULT_RECIPE = "autotune.json"
 
@@ -130,32 +132,39 @@ def search_spec(spec: UserSpec, opts: SearchOptions, output: str | os.PathLike[s
         # what validations measured through the factory on each machine: the search predicts from them
         runs = {fp: p.factory_runs for fp, p in RecipeFile.read(output).profiles.items() if p.factory_runs}
         opts = dataclasses.replace(opts, factory_runs=runs)
-    outcome = run_search(spec, opts)
+    method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        outcome = run_search(spec, opts)
+    finally:
+        # A DataLoader or torch reading the default context fixes the start method; the caller may still
+        # want to choose it (set_start_method without force), so it is left as it was found.
+        if multiprocessing.get_start_method(allow_none=True) != method:
+            multiprocessing.set_start_method(method, force=True)
     profile = profile_from(outcome, spec)
     if output is not None:
         RecipeFile.merge_write(output, profile)
     return Recipe(profile, output), outcome
 
 
-def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10, budget: str | float = "2m",
+def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10,
            collate_fn: Callable[..., Any] | None = None, transform: Callable[..., Any] | None = None,
            train_step: Callable[..., Any] | None = None, output: str | os.PathLike[str] | None = DEFAULT_RECIPE,
-           storage: str | None = None, workdir: str | os.PathLike[str] = ".autotune",
-           caches: tuple[str, ...] | None = None, max_memory: int | None = None, seed: int = 0,
-           progress: bool = True, samples_per_epoch: int | None = None) -> Recipe:
+           samples_per_epoch: int | None = None, **options: Unpack[SearchKeywords]) -> Recipe:
     """Tune a DataLoader for ``dataset`` on this machine and return the Recipe (also written to ``output``).
 
-    ``dataset`` is map-style or a stream (an IterableDataset); a stream is measured over a bounded number
-    of batches, and its epoch extrapolated from them when its length is known (``__len__``, or
-    ``samples_per_epoch``)."""
+    ``options`` are `autotune search`'s: budget ("2m" or seconds), workdir, storage, seed, caches,
+    max_memory, max_workers, ranks_per_node, data_dir, progress, resume_only; their defaults are
+    SearchOptions' (autotune/tuner/_options.py). ``dataset`` is map-style or a stream (an IterableDataset);
+    a stream is measured over a bounded number of batches, and its epoch extrapolated from them when its
+    length is known (``__len__``, or ``samples_per_epoch``). The multiprocessing start method is the
+    caller's again when it returns."""
     check_dataset(dataset, "the dataset")
-    from autotune.tuner._study import SearchOptions
+    from autotune.tuner._options import SearchOptions
 
     spec = UserSpec(dataset=dataset, source=f"<python object: {type(dataset).__name__}>", batch_size=batch_size,
                     epochs=epochs, collate_fn=collate_fn, transform=transform, train_step=train_step,
                     samples_per_epoch=samples_per_epoch)
-    opts = SearchOptions(budget=parse_duration(budget), workdir=Path(workdir), storage=storage, seed=seed,
-                         caches=caches, max_memory=max_memory, progress=progress)
+    opts = SearchOptions(**options)  # type: ignore[arg-type] # SearchOptions converts and checks each value
     return search_spec(spec, opts, output)[0]
 
 
@@ -193,7 +202,7 @@ def _search_here(nearest: Profile, path: str | os.PathLike[str], dataset: Any, b
         spec = UserSpec(dataset=dataset, source=source, batch_size=settings.get("batch_size", 32),
                         epochs=settings.get("epochs", 10),
                         samples_per_epoch=nearest.dataset.get("length") if known else None)
-    from autotune.tuner._study import SearchOptions
+    from autotune.tuner._options import SearchOptions
 
     opts = SearchOptions(budget=parse_duration(budget), ranks_per_node=ranks)
     return search_spec(spec, opts, path)[0]

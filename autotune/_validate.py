@@ -41,13 +41,14 @@ from torch.utils.data import Sampler
 
 import autotune
 from autotune._api import load
+from autotune.caches import dataset_key
 from autotune.caches._disk_fill import close_all
 from autotune.dataset import check_deterministic, dataset_fingerprint, load_user_file, require_map_style
 from autotune.errors import AutotuneError, RecipeError
 from autotune.loader import DeviceConsumer
 from autotune.machine import _evict, build_workers
 from autotune.recipe import _factory_runs
-from autotune.recipe._factory import cache_location, cache_manifest
+from autotune.recipe._factory import cache_location
 from autotune.recipe._file import RecipeFile, _locked
 from autotune.tuner._measure import timed_epoch
 from autotune.tuner._predict import EpochTiming, batches_in, scale_epoch
@@ -332,7 +333,7 @@ def _build_parts(recipe_path: str, dataset: Any, profile: Any) -> dict[str, floa
         parts["determinism_check"] = time.perf_counter() - start
         if not profile.config.cache_in_memory:
             start = time.perf_counter()
-            cache_manifest(dataset, (profile.dataset or {}).get("data_dir") or None)
+            dataset_key(dataset)
             parts["cache_key"] = time.perf_counter() - start
     return parts
 

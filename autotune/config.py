@@ -277,7 +277,9 @@ def fork_allows_threads(context: str | None, worker_threads: int | None) -> bool
     """Rule 3: forked workers keep one intra-op thread (no context: the platform's default method)."""
     if (worker_threads or 1) == 1:
         return True
-    return (context or multiprocessing.get_context().get_start_method()) != "fork"
+    # get_start_method(allow_none=True) reads the method without fixing it, as get_context() would
+    default = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    return (context or default) != "fork"
 
 
 DEFAULT = LoaderConfig()

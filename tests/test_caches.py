@@ -370,8 +370,8 @@ def test_a_backend_registered_by_a_plugin_is_listed_estimated_offered_and_cleare
     decision takes it in, and it leaves with ``unregister``."""
     from backend_plugin import ShelfCache
 
-    from autotune.cli._search import parse_caches
     from autotune.config import LoaderConfig
+    from autotune.tuner._options import parse_caches
 
     assert get_backend("shelf") is ShelfCache and "shelf" in caches.disk_names()
     assert caches.estimate_need("shelf", 1000, 10) == ShelfCache.estimate_need(1000, 10) == (0, 50960 + (1 << 20))

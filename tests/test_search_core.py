@@ -208,3 +208,46 @@ def test_without_caches_the_priors_try_one_main_thread():
     space = Space(max_workers=2, main_threads=(None, 1, 2))
     assert _priors(space, DEFAULT)[-1] == LoaderConfig(main_threads=1)
     assert LoaderConfig(main_threads=1) not in _priors(SPACE, DEFAULT)  # a cache prior there instead
+
+
+class ClockedRunner(FakeRunner):
+    """Records when each run started and the limit it was given."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.limits: list[tuple[float, float]] = []
+
+    def run(self, config, plan, *, timeout, **kw):
+        import time
+
+        self.limits.append((time.monotonic(), timeout))
+        return super().run(config, plan, timeout=timeout, **kw)
+
+
+def test_no_trial_may_run_past_the_budget_and_no_finalist_past_the_wall(tmp_path):
+    """The plan allows 5000 s a trial; ~1100 s of the budget are left: every trial's limit ends with the
+    budget (the first one's with the wall), every finalist run's with the wall. On 9eac6c3 each got 5000 s."""
+    import dataclasses
+    import time
+
+    runner = ClockedRunner()
+    opts = _opts(tmp_path, max_trials=4)
+    opts.started = time.monotonic() - 2500.0
+    clock = opts.clock()
+    setup = _setup()
+    setup = dataclasses.replace(setup, plan=dataclasses.replace(setup.plan, batch_timeout=5000.0))
+    outcome = search(_spec(), opts, setup=setup, runner=runner)
+    loop, finals = runner.limits[:4], runner.limits[4:]
+    assert finals and not outcome.is_default
+    assert loop[0][0] + loop[0][1] <= clock.wall + 0.05
+    assert all(t + limit <= clock.budget_end + 0.05 and limit < 1200 for t, limit in loop[1:])
+    assert all(t + limit <= clock.wall + 0.05 and limit < 2100 for t, limit in finals)
+
+
+def test_a_budget_spent_before_any_trial_is_one_clear_error(tmp_path):
+    import time
+
+    opts = _opts(tmp_path)
+    opts.started = time.monotonic() - 5000.0  # past the wall: preparation took it all
+    with pytest.raises(AutotuneError, match="the budget ran out before it was measured"):
+        search(_spec(), opts, setup=_setup(), runner=ClockedRunner())

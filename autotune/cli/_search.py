@@ -3,69 +3,44 @@
 from __future__ import annotations
 
 import argparse
-import math
-from pathlib import Path
+import time
 from typing import TYPE_CHECKING
 
-from autotune._units import format_seconds, parse_duration
+from autotune._units import format_seconds
 from autotune.errors import AutotuneError
 
 if TYPE_CHECKING:
     from autotune._api import Recipe
     from autotune.dataset import UserSpec
-    from autotune.tuner._study import Outcome, SearchOptions
-
-
-def parse_size(text: str) -> int:
-    units = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
-             "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
-    raw = text.strip().lower().replace(" ", "")
-    number = raw.rstrip("kmgtib")
-    unit = raw[len(number):]
-    try:
-        value = float(number) * units[unit]
-    except (ValueError, KeyError):
-        raise AutotuneError(f"Memory size must look like 8G, 512M or 2GiB, but got {text!r}.") from None
-    if not math.isfinite(value):
-        raise AutotuneError(f"Memory size must be a finite size such as 8G or 512M, but got {text!r}.")
-    if value <= 0:
-        raise AutotuneError(f"Memory size must be positive, but got {text!r}.")
-    if value < 1 << 20:
-        raise AutotuneError(f"Memory size {text!r} is under 1 MiB, too small for a DataLoader; give a unit, "
-                            "e.g. 512M or 8G.")
-    return int(value)
-
-
-def parse_caches(text: str) -> tuple[str, ...]:
-    from autotune.caches import backend_names
-
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    for name in names:
-        if name != "none" and name not in backend_names():
-            raise AutotuneError(f"Unknown cache backend {name!r}. Valid backends: none, {', '.join(backend_names())}.")
-    return names
+    from autotune.tuner._options import SearchOptions
+    from autotune.tuner._study import Outcome
 
 
 def add_search_arguments(p: argparse.ArgumentParser) -> None:
+    """The dataset's flags, then one flag per user option of SearchOptions (its help, its default)."""
+    from autotune.tuner._options import SearchOptions, user_fields
+
     p.add_argument("target", metavar="PATH[:NAME]",
                    help="Python file defining the dataset (NAME defaults to 'dataset')")
-    p.add_argument("--budget", default="2m", help="time budget for the whole search, e.g. 90s, 2m, 1h (default 2m)")
     p.add_argument("--batch-size", type=int, help="batch size (default: the file's batch_size, else 32)")
     p.add_argument("--epochs", type=int, help="epochs the recipe is optimised for (default: the file's, else 10)")
     p.add_argument("--samples-per-epoch", type=int, help="samples in one epoch of a stream (IterableDataset) "
                    "without __len__ (default: the file's samples_per_epoch); the epoch is extrapolated from it")
-    p.add_argument("--storage", help="Optuna storage URL (default: sqlite file under .autotune/)")
-    p.add_argument("--workdir", default=".autotune", help="where studies and caches live (default .autotune)")
-    p.add_argument("--caches", help="cache backends to consider, comma-separated, or 'none'")
-    p.add_argument("--max-memory", help="memory budget for a candidate, e.g. 8G (default 70%% of available)")
-    p.add_argument("--max-workers", type=int, help="upper bound of num_workers (default: usable CPUs)")
-    p.add_argument("--ranks-per-node", type=int, default=1, help="training processes sharing this machine")
-    p.add_argument("--data-dir", help="folder of the dataset's files, evicted for cold reads (default: the files "
-                   "dataset[i] opens)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--resume-only", action="store_true",
-                   help="measure nothing: write the recipe from what the study (--storage, shared by a fleet) holds")
+    defaults = SearchOptions()
+    for f in user_fields():
+        flag = f.metadata["flag"] or f"--{f.name.replace('_', '-')}"
+        default = getattr(defaults, f.name)
+        if isinstance(default, bool):
+            # --no-progress sets progress=False; --resume-only sets resume_only=True
+            p.add_argument(flag, dest=f.name, action="store_const", const=not default, default=None,
+                           help=f.metadata["help"])
+            continue
+        shown = f" (default {format_seconds(default)})" if f.name == "budget" else (
+            f" (default {default})" if default is not None and "(default" not in f.metadata["help"] else "")
+        if isinstance(default, int) or f.name == "max_workers":
+            p.add_argument(flag, dest=f.name, type=int, default=None, help=f.metadata["help"] + shown)
+        else:  # text: SearchOptions reads it ("2m", "8G", "memory,pickle")
+            p.add_argument(flag, dest=f.name, default=None, help=f.metadata["help"] + shown)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -79,33 +54,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def options_from(args: argparse.Namespace) -> SearchOptions:
-    from autotune.tuner._study import SearchOptions
+    """SearchOptions from the flags given; the others keep SearchOptions' defaults. The budget's clock
+    starts with the process (imports included), as the user times the command."""
+    import psutil
 
-    for flag in ("batch_size", "epochs", "max_workers", "samples_per_epoch"):
+    from autotune.tuner._options import SearchOptions, user_fields
+
+    for flag in ("batch_size", "epochs", "samples_per_epoch"):
         value = getattr(args, flag)
-        if value is not None and value < (0 if flag == "max_workers" else 1):
+        if value is not None and value < 1:
             raise AutotuneError(f"--{flag.replace('_', '-')} must be a positive integer, but got {value}.")
-    if args.ranks_per_node < 1:
-        raise AutotuneError(f"--ranks-per-node must be at least 1, but got {args.ranks_per_node}.")
-    budget = parse_duration(args.budget)
-    if not math.isfinite(budget):
-        raise AutotuneError(f"--budget must be a finite duration such as 90s, 2m or 1h, but got {args.budget!r}.")
-    workdir = Path(args.workdir)
-    if workdir.exists() and not workdir.is_dir():
-        raise AutotuneError(f"--workdir {workdir} is a file, not a folder; pass a folder (default .autotune).")
-    return SearchOptions(
-        budget=budget,
-        workdir=workdir,
-        storage=args.storage,
-        seed=args.seed,
-        caches=parse_caches(args.caches) if args.caches else None,
-        max_memory=parse_size(args.max_memory) if args.max_memory else None,
-        max_workers=args.max_workers,
-        ranks_per_node=args.ranks_per_node,
-        progress=not args.no_progress,
-        data_dir=args.data_dir,
-        resume_only=getattr(args, "resume_only", False),
-    )
+    given = {f.name: getattr(args, f.name) for f in user_fields() if getattr(args, f.name, None) is not None}
+    age = max(0.0, time.time() - psutil.Process().create_time())
+    return SearchOptions(**given, started=time.monotonic() - age)
 
 
 def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
@@ -152,14 +113,16 @@ def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from autotune._api import search_spec
-    from autotune.dataset import load_user_file
+    from autotune.dataset import guarded, load_user_file
     from autotune.recipe._file import RecipeFile
 
     opts = options_from(args)
     if args.output is not None:
         RecipeFile.check_target(args.output)  # before the budget is spent
-    spec = load_user_file(args.target, batch_size=args.batch_size, epochs=args.epochs,
-                          samples_per_epoch=args.samples_per_epoch)
+    clock = opts.clock()
+    with guarded(clock.budget_end, clock.read_allowance):  # the file's import and its first sample
+        spec = load_user_file(args.target, batch_size=args.batch_size, epochs=args.epochs,
+                              samples_per_epoch=args.samples_per_epoch)
     if args.validate and _spec_is_stream(spec):
         raise AutotuneError("--validate runs a map-style dataset's epochs; a stream's recipe is checked by the "
                             "search's own interleaved re-measurement. Drop --validate.")

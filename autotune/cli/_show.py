@@ -8,6 +8,7 @@ import textwrap
 from typing import Any
 
 from autotune.machine import _hardware as hardware
+from autotune.machine import ranks_per_node
 from autotune.process import PRELOAD_ALLOCATORS, command_line
 from autotune.recipe._factory_runs import FACTORY_NOTE
 from autotune.recipe._file import VERSION, Profile, RecipeFile
@@ -31,7 +32,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     rf = RecipeFile.read(args.recipe)
-    hw = hardware.collect()
+    # the profile this rank's factory would choose: torchrun's LOCAL_WORLD_SIZE, as `check` and load() read it
+    hw = hardware.collect(ranks_per_node=ranks_per_node())
     print(render(rf, hw, str(args.recipe)))
     return 0
 

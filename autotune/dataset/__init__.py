@@ -28,6 +28,7 @@ from autotune.dataset._userfile import (
     read_sample,
     require_map_style,
 )
+from autotune.dataset._watchdog import guarded, reading
 
 __all__ = [
     "Probe",
@@ -39,6 +40,7 @@ __all__ = [
     "dataset_fingerprint",
     "epoch_state_warning",
     "first_samples",
+    "guarded",
     "import_file",
     "is_datamodule",
     "is_stream",
@@ -47,6 +49,7 @@ __all__ = [
     "probe_dataset",
     "probe_stream",
     "read_sample",
+    "reading",
     "require_map_style",
     "resolve_datamodule",
     "resolving",

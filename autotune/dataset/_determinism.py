@@ -6,6 +6,7 @@ import random
 from typing import Any
 
 from autotune.caches._codec import samples_equal
+from autotune.dataset._userfile import read_sample
 
 
 def _indices(length: int, probe: int, seed: int) -> list[int]:
@@ -24,9 +25,9 @@ def check_deterministic(dataset: Any, probe: int = 3, seed: int = 0) -> tuple[bo
     so randomness from a shared generator (``random``, ``np.random``, ``torch``) shows up.
     """
     indices = _indices(len(dataset), probe, seed)
-    first = [dataset[i] for i in indices]
+    first = [read_sample(dataset, i) for i in indices]
     for i, before in zip(indices, first):
-        if not samples_equal(before, dataset[i]):
+        if not samples_equal(before, read_sample(dataset, i)):
             return False, (
                 f"dataset[{i}] returned different samples on two reads, so no cache can store it: "
                 "move the random part (augmentation) into a module-level `transform` in the dataset file; "

@@ -6,6 +6,7 @@ import hashlib
 from typing import Any
 
 from autotune.caches._codec import sample_digest
+from autotune.dataset._watchdog import reading
 
 FINGERPRINT_VERSION = 1
 
@@ -31,7 +32,8 @@ def dataset_fingerprint(dataset: Any, source_text: str | None = None, probe: int
     h.update(f"autotune-fingerprint-v{FINGERPRINT_VERSION}:len={length}".encode())
     for i in probe_indices(length, probe):
         h.update(f":{i}:".encode())
-        h.update(sample_digest(dataset[i]))
+        with reading(f"dataset[{i}]"):
+            h.update(sample_digest(dataset[i]))
     if source_text is not None:
         h.update(b":source:")
         h.update(hashlib.sha256(source_text.encode("utf-8", "surrogatepass")).digest())

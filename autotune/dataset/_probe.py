@@ -15,6 +15,8 @@ from autotune.dataset._determinism import check_deterministic
 from autotune.dataset._fingerprint import dataset_fingerprint
 from autotune.dataset._stream import first_samples, sample_key
 from autotune.dataset._userfile import UserSpec, read_sample
+from autotune.dataset._watchdog import reading
+from autotune.errors import DatasetError
 from autotune.machine import batch_bytes
 
 
@@ -42,17 +44,23 @@ def probe_dataset(spec: UserSpec, count: int = 8, seed: int = 0) -> Probe:
     """Read a few seeded indices; every failure of ``dataset[i]`` names the index (DatasetError)."""
 
     dataset = spec.dataset
-    length = len(dataset)
+    with reading("len(dataset)"):
+        length = len(dataset)
     seconds, sizes, ready = [], [], []
-    for index in probe_indices(length, count, seed):
+    indices = probe_indices(length, count, seed)
+    for index in indices:
         start = time.perf_counter()
         sample = read_sample(dataset, index)
-        transformed = spec.transform(sample) if spec.transform is not None else sample
+        if sample is None:
+            raise DatasetError(f"dataset[{index}] returned None, which no DataLoader can batch; return the "
+                               "sample (or skip bad files when the dataset is built, not in __getitem__).")
+        with reading(f"the transform of dataset[{index}]"):
+            transformed = spec.transform(sample) if spec.transform is not None else sample
         seconds.append(time.perf_counter() - start)
         sizes.append(sample_nbytes(sample))
         ready.append(transformed)
     # What a worker puts in shared memory per batch, from the samples already read rather than a batch more.
-    batch = (spec.collate_fn or default_collate)(ready)
+    batch = collate_probe(spec.collate_fn, ready, indices)
     per_sample = batch_bytes(batch) / len(ready)
     deterministic, note = check_deterministic(dataset, probe=3, seed=seed)
     return Probe(
@@ -67,6 +75,19 @@ def probe_dataset(spec: UserSpec, count: int = 8, seed: int = 0) -> Probe:
     )
 
 
+def collate_probe(collate_fn: Callable[[list[Any]], Any] | None, samples: list[Any], indices: list[int]) -> Any:
+    """The probed samples as one batch; a collate that cannot batch them is one line naming the samples."""
+    try:
+        with reading("the collate of the probed samples"):
+            return (collate_fn or default_collate)(samples)
+    except Exception as exc:  # noqa: BLE001 - the user's collate_fn (or what it is given) can raise anything
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        shown = ", ".join(f"dataset[{i}]" for i in indices[:3]) + (", ..." if len(indices) > 3 else "")
+        name = "collate_fn" if collate_fn is not None else "torch's default_collate"
+        raise DatasetError(f"{name} cannot batch {shown}: {type(exc).__name__}: {first}. Return samples of "
+                           "tensors, numbers or arrays (no None), or define a collate_fn in the dataset file.") from exc
+
+
 def time_step(train_step: Callable[[Any], Any] | None, batch: Any) -> float:
     """The user's ``train_step`` on one batch (the faster of two calls, the first warming it up); 0 without
     one, or when it fails here (its trials report that). A trial runs the step on every batch, so a subset
@@ -78,7 +99,8 @@ def time_step(train_step: Callable[[Any], Any] | None, batch: Any) -> float:
     try:
         for _ in range(2):
             start = time.perf_counter()
-            train_step(batch)
+            with reading("the train_step on one batch"):
+                train_step(batch)
             times.append(time.perf_counter() - start)
     except Exception:
         return 0.0
@@ -90,9 +112,10 @@ def probe_stream(spec: UserSpec, length: int | None, count: int = 8) -> Probe:
     import hashlib
 
 
-    samples, seconds = first_samples(spec.dataset, count)
-    ready = [spec.transform(s) for s in samples] if spec.transform is not None else samples
-    per_sample = batch_bytes((spec.collate_fn or default_collate)(ready)) / len(ready)
+    with reading("the stream's first samples"):
+        samples, seconds = first_samples(spec.dataset, count)
+        ready = [spec.transform(s) for s in samples] if spec.transform is not None else samples
+    per_sample = batch_bytes(collate_probe(spec.collate_fn, ready, list(range(len(ready))))) / len(ready)
     h = hashlib.blake2b(digest_size=8)
     h.update(f"autotune-stream-v1:len={length}:{type(spec.dataset).__qualname__}".encode())
     for sample in samples:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from autotune.dataset._watchdog import reading
+
 __all__ = ["epoch_state_warning"]
 
 _SMALL_ARRAY = 1 << 20  # arrays up to this size are hashed whole; bigger ones by identity and shape
@@ -41,7 +43,12 @@ def _digest(value: Any) -> Any:
                 import numpy as np
 
                 data = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
-                return ("a", id(value), tuple(value.shape), hashlib.blake2b(data.tobytes(), digest_size=16).hexdigest())
+                # Only the bytes of plain numbers say what the value is: an object array's bytes are the
+                # addresses of its elements, new at every conversion (a Hugging Face Arrow table read as a
+                # numpy array gave two digests for one unchanged table).
+                if not data.dtype.hasobject:
+                    return ("a", id(value), tuple(value.shape),
+                            hashlib.blake2b(data.tobytes(), digest_size=16).hexdigest())
             except Exception:  # noqa: BLE001 - an exotic array type: identity and shape only
                 pass
         return ("a", id(value), tuple(value.shape))
@@ -105,10 +112,12 @@ def epoch_state_warning(dataset: Any, *, sampler: Any = None, reads: int = 4) ->
     try:
         indices = _probe_indices(len(dataset), reads)
         for i in indices:
-            dataset[i]
+            with reading(f"dataset[{i}]"):
+                dataset[i]
         before = _snapshot(dataset)
         for i in indices:
-            dataset[i]
+            with reading(f"dataset[{i}]"):
+                dataset[i]
         after = _snapshot(dataset)
     except Exception:  # noqa: BLE001 - reading errors are the probe's to report
         before = after = {}

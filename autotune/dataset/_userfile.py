@@ -12,6 +12,7 @@ from typing import Any
 
 from autotune.dataset._datamodule import Resolved, is_datamodule, resolve_datamodule
 from autotune.dataset._stream import is_stream
+from autotune.dataset._watchdog import reading
 from autotune.errors import DatasetError
 
 DEFAULT_BATCH_SIZE = 32
@@ -62,7 +63,8 @@ def check_map_style(obj: Any, where: str) -> None:
             "(map-style), or __iter__ as a torch.utils.data.IterableDataset (a stream)."
         )
     try:
-        length = len(obj)
+        with reading(f"len() of {where}"):
+            length = len(obj)
     except Exception as exc:  # noqa: BLE001 - any failure of the user's __len__ is reported the same way
         raise DatasetError(f"len() of {where} raised {type(exc).__name__}: {exc}. Fix its __len__().") from exc
     if length == 0:
@@ -72,7 +74,8 @@ def check_map_style(obj: Any, where: str) -> None:
 def read_sample(dataset: Any, index: int) -> Any:
     """``dataset[index]``, with a failure turned into a one-line DatasetError naming the index."""
     try:
-        return dataset[index]
+        with reading(f"dataset[{index}]"):
+            return dataset[index]
     except Exception as exc:  # noqa: BLE001 - the user's __getitem__ can raise anything
         raise DatasetError(
             f"dataset[{index}] raised {type(exc).__name__}: {exc}. "

@@ -110,7 +110,7 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise AutotuneError("autotune report needs matplotlib: pip install 'autotune[report]'.") from None
+        raise AutotuneError("autotune report needs matplotlib: pip install 'dataloader-autotune[report]'.") from None
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 

@@ -13,10 +13,24 @@ from autotune.loader._dataloader import (
     move_to,
     with_transform,
 )
-from autotune.loader._source import cached_source, filling_source, partial_source, reading
+from autotune.loader._source import (
+    CacheSite,
+    FactorySite,
+    Prepared,
+    Timer,
+    cached_source,
+    filling_source,
+    partial_source,
+    prepare_source,
+    reading,
+)
 
 __all__ = [
+    "CacheSite",
     "DeviceConsumer",
+    "FactorySite",
+    "Prepared",
+    "Timer",
     "Transformed",
     "TransformedStream",
     "cached_source",
@@ -24,6 +38,7 @@ __all__ = [
     "make_loader",
     "move_to",
     "partial_source",
+    "prepare_source",
     "reading",
     "with_transform",
 ]

@@ -1,5 +1,9 @@
 """What a loader reads: the user's dataset, or a cache of it, with the per-sample ``transform`` after it.
 
+``prepare_source`` is the one road to it, for the factory and for a trial alike: the trial differs
+only in its ``CacheSite`` (its own folder, its subset) and the ``Timer`` it passes, so it cannot
+measure a path the factory does not take.
+
 A memory cache (built, or filled during the first epoch) is read a whole batch at a time when the
 caller collates with PyTorch's default and has no transform (``caches._gather``); everything else is
 read sample by sample through ``Transformed``, so ``transform`` runs after the cache, every epoch.
@@ -7,8 +11,11 @@ read sample by sample through ``Transformed``, so ``transform`` runs after the c
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 from torch.utils.data import Dataset
 
@@ -18,12 +25,21 @@ from autotune.caches import (
     GatheringFill,
     GatheringPartial,
     PartialCache,
+    build_partial,
     can_gather,
     collate_gathered,
+    dataset_key,
+    get_backend,
+    open_or_build,
+    open_or_fill,
 )
-from autotune.loader._dataloader import Transformed
+from autotune.config import LoaderConfig, partial_count
+from autotune.dataset import check_deterministic
+from autotune.loader._dataloader import Transformed, with_transform
+from autotune.machine import build_workers
 
 Collate = Callable[..., Any] | None
+_T = TypeVar("_T")
 
 
 def cached_source(cache: Any, transform: Callable[..., Any] | None,
@@ -57,3 +73,126 @@ def reading(source: Any, transform: Callable[..., Any] | None, collate_fn: Colla
     if isinstance(source, FirstEpochCache):
         return filling_source(source, transform, collate_fn)
     return cached_source(source, transform, collate_fn)  # a disk fill reads as a disk cache does
+
+
+# ---------------------------------------------------------------------------- the one road to a cache
+
+Timer = Callable[[str, float], None]
+"""Told each step's seconds as the road runs it: ``"check"`` (is ``dataset[i]`` deterministic),
+``"key"`` (a disk cache's content key) and ``"cache"`` (opening, building or setting up the fill)."""
+
+
+class CacheSite(Protocol):
+    """Where a source's cache is kept, and of which samples: the user's cache folder and the whole
+    dataset for the factory (``FactorySite``), a trial's own folder and its subset for the search.
+    The road decides what is done; the site only says where."""
+
+    indices: Sequence[int] | None  # the samples a loader without a cache reads (None: all, in order)
+
+    def before(self, step: str, backend: str, dataset: Any) -> None:
+        """Called before the cache step (``"build"``, ``"fill"`` or ``"partial"``), outside its timing: a
+        trial makes its folder here, and measures a build's start-up on a few samples."""
+
+    def build(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
+        """The ``backend`` cache of the site's samples, opened or built; ``key`` is its content key
+        (empty for memory)."""
+
+    def fill(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
+        """A cache the first epoch fills (a memory ``FirstEpochCache``, a disk fill) or, on disk, one
+        already there."""
+
+    def partial(self, dataset: Any, share: float, fill: str) -> PartialCache:
+        """A memory cache of the first ``share`` of the samples, the rest read from the source."""
+
+    def shard(self, dataset: Any) -> Any:
+        """What this process reads of the cache's dataset (a rank's shard; the whole by default)."""
+
+
+@dataclass
+class Prepared:
+    """What a loader reads and passes: the dataset, the collate function, the cache behind them."""
+
+    dataset: Any
+    collate_fn: Collate
+    cache: Any = None  # the cache or fill read (None: the dataset itself)
+    random: bool = False  # a cache was asked for but dataset[i] is random: none is used
+
+
+def _timed(timer: Timer | None, step: str, fn: Callable[[], _T]) -> _T:
+    start = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        if timer is not None:
+            timer(step, time.perf_counter() - start)
+
+
+def prepare_source(dataset: Any, config: LoaderConfig, site: CacheSite, *, transform: Callable[..., Any] | None,
+                   collate_fn: Collate, stream: bool = False, timer: Timer | None = None) -> Prepared:
+    """The source a loader of ``config`` reads, prepared the one way both the factory and a trial do:
+    the determinism check (a random ``dataset[i]`` gets no cache), a disk cache's key, the cache opened,
+    built or set up to be filled (``config.cache_fill``, ``cache_share``), then read through the gather
+    path or ``Transformed`` with ``transform`` after it. ``timer`` is told each step's seconds."""
+    if stream:
+        return Prepared(with_transform(dataset, transform, stream=True), collate_fn)
+    if config.cache is None:
+        return Prepared(_uncached(dataset, transform, site), collate_fn)
+    backend = config.cache
+    deterministic, _ = _timed(timer, "check", lambda: check_deterministic(dataset))
+    if not deterministic:
+        return Prepared(_uncached(dataset, transform, site), collate_fn, random=True)
+    key = {} if get_backend(backend).in_memory else _timed(timer, "key", lambda: dataset_key(dataset))
+    if config.cache_share is not None:
+        share, fill = config.cache_share, config.cache_fill
+        site.before("partial", backend, dataset)
+        cache = _timed(timer, "cache", lambda: site.partial(dataset, share, fill))
+    elif config.cache_fill == "first_epoch":
+        site.before("fill", backend, dataset)
+        cache = _timed(timer, "cache", lambda: site.fill(backend, dataset, key))
+    else:
+        site.before("build", backend, dataset)
+        cache = _timed(timer, "cache", lambda: site.build(backend, dataset, key))
+    data, collate = reading(cache, transform, collate_fn)
+    return Prepared(site.shard(data), collate, cache)
+
+
+def _uncached(dataset: Any, transform: Callable[..., Any] | None, site: CacheSite) -> Any:
+    if site.indices is None:
+        return with_transform(dataset, transform)
+    return Transformed(dataset, transform, list(site.indices))
+
+
+class FactorySite:
+    """The factory's: the user's cache folder (``cache_dir``, else the per-user default), the whole dataset."""
+
+    indices: Sequence[int] | None = None
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, *, progress: bool = True,
+                 workers: int | None = None):
+        self.root = None if root is None else os.fspath(root)
+        self.progress = progress
+        self._workers = workers
+
+    @property
+    def workers(self) -> int:
+        """The processes a build decodes on (default: what this process may use, ``machine.build_workers``)."""
+        return build_workers() if self._workers is None else self._workers
+
+    def before(self, step: str, backend: str, dataset: Any) -> None:
+        pass
+
+    def build(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
+        return open_or_build(backend, dataset, root=self.root, manifest=key, progress=self.progress,
+                             workers=self.workers)
+
+    def fill(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
+        if get_backend(backend).in_memory:
+            return FirstEpochCache(dataset)
+        return open_or_fill(backend, dataset, root=self.root, manifest=key)
+
+    def partial(self, dataset: Any, share: float, fill: str) -> PartialCache:
+        return build_partial(dataset, partial_count(share, len(dataset)), fill=fill, progress=self.progress,
+                             workers=self.workers)
+
+    def shard(self, dataset: Any) -> Any:
+        return dataset

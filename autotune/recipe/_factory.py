@@ -19,13 +19,13 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from autotune.caches import FirstEpochCache, build_partial, dataset_key
+from autotune.caches import cache_path, dataset_key, default_root, expected_manifest
 from autotune.config import WORKER_ONLY as _WORKER_ONLY
-from autotune.config import ConfigError, LoaderConfig, cache_backend, partial_count
-from autotune.dataset import check_deterministic, is_stream
+from autotune.config import ConfigError, LoaderConfig
+from autotune.dataset import is_stream
 from autotune.errors import AutotuneError, DatasetError
-from autotune.loader import make_loader, reading, with_transform
-from autotune.machine import build_workers, ranks_per_node
+from autotune.loader import FactorySite, make_loader, prepare_source
+from autotune.machine import ranks_per_node
 from autotune.process import apply_at_runtime
 
 log = logging.getLogger("autotune")
@@ -93,77 +93,15 @@ def _resolve(profile: Any, overrides: dict[str, Any], cache: Any) -> tuple[Loade
     return config, res
 
 
-def cache_manifest(dataset: Any, data_dir: str | Path | None = None) -> dict[str, Any]:
-    """What a full cache of ``dataset`` is stored under and checked against: the identity and content
-    key of the dataset actually passed (``caches._key``), never anything the recipe says, so a train
-    and a val set through one recipe get two caches."""
-
-    return dataset_key(dataset, data_dir=data_dir)
-
-
-def _data_dir(profile: Any) -> str | None:
-    value = (profile.dataset or {}).get("data_dir")
-    return value if isinstance(value, str) and value else None
-
-
 def cache_location(profile: Any, dataset: Any, cache_dir: str | Path | None = None) -> Path | None:
-    """Where the factory keeps the recipe's disk cache for ``dataset`` (None: memory or no cache)."""
-    from autotune import caches
-
+    """Where the factory keeps the recipe's disk cache for ``dataset`` (None: memory or no cache). A cache
+    belongs to the dataset actually passed (its key, ``caches._key``), never to anything the recipe says,
+    so a train and a val set through one recipe get two caches."""
     backend = profile.config.cache
     if backend is None or profile.config.cache_in_memory:
         return None
-    root = Path(cache_dir) if cache_dir is not None else caches.default_root()
-    manifest = caches.expected_manifest(cache_manifest(dataset, _data_dir(profile)), range(len(dataset)))
-    return caches.cache_path(backend, root, manifest)
-
-
-def _deterministic(dataset: Any, backend: str) -> bool:
-    """Whether ``dataset[i]`` may be cached; one warning when not, since a cache would freeze one draw
-    of its random samples for every epoch."""
-    deterministic, _ = check_deterministic(dataset)
-    if not deterministic:
-        warnings.warn(
-            f"dataset[i] returns different samples on two reads, so the {backend!r} cache is not used "
-            "(it would freeze one draw for every epoch): move the random part into transform=..., which "
-            "runs after the cache every epoch, to cache the deterministic part.",
-            stacklevel=_caller_stacklevel())
-    return deterministic
-
-
-def _cached_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os.PathLike[str] | None,
-                   progress: bool, workers: int) -> Any:
-    """The opened (or built) cache of ``dataset``, or None when its samples are random (warned)."""
-    from autotune import caches
-
-    if not _deterministic(dataset, backend):
-        return None
-    manifest = {} if cache_backend(backend).in_memory else cache_manifest(dataset, _data_dir(profile))
-    root = None if cache_dir is None else os.fspath(cache_dir)
-    return caches.open_or_build(backend, dataset, root=root, manifest=manifest, progress=progress,
-                                workers=workers)
-
-
-def _filling_source(dataset: Any, backend: str, profile: Any, cache_dir: str | os.PathLike[str] | None) -> Any:
-    """A cache filled while the first epoch trains (a disk cache already there is opened instead), or
-    None when the samples are random (warned)."""
-    from autotune.caches import open_or_fill
-
-    if not _deterministic(dataset, backend):
-        return None
-    if cache_backend(backend).in_memory:
-        return FirstEpochCache(dataset)
-    return open_or_fill(backend, dataset, root=None if cache_dir is None else os.fspath(cache_dir),
-                        manifest=cache_manifest(dataset, _data_dir(profile)))
-
-
-def _partial_source(dataset: Any, config: LoaderConfig, fill: str, progress: bool, workers: int) -> Any:
-    """A memory cache of the first samples, the rest read from the source (``caches._partial``), or None when
-    the samples are random (warned)."""
-    if config.cache is None or not _deterministic(dataset, config.cache):
-        return None
-    count = partial_count(config.cache_share, len(dataset))
-    return build_partial(dataset, count, fill=fill, progress=progress, workers=workers)
+    root = Path(cache_dir) if cache_dir is not None else default_root()
+    return cache_path(backend, root, expected_manifest(dataset_key(dataset), range(len(dataset))))
 
 
 def _fit_memory(config: LoaderConfig, profile: Any, dataset: Any, res: Resolution, stream: bool,
@@ -174,10 +112,11 @@ def _fit_memory(config: LoaderConfig, profile: Any, dataset: Any, res: Resolutio
 
     if not config.num_workers and (stream or not config.cache_in_memory):
         return config  # nothing the recipe adds that a smaller choice would save
-    fit = fit_memory(config, profile.measured, dataset, batch_size=batch_size, ranks=ranks_per_node())
+    fit = fit_memory(config, profile.measured, dataset, batch_size=batch_size, ranks=ranks_per_node(),
+                     keep_workers=res.sources.get("num_workers") == "caller")
     if fit.line is None:
         return config
-    for key in ("num_workers", "cache", "cache_share"):
+    for key in (*TUNED_KEYS, "cache", "cache_share"):  # fewer workers may drop the worker-only keys too
         if getattr(fit.config, key) != getattr(config, key):
             res.settings[key], res.sources[key] = getattr(fit.config, key), "fitted to the memory limit"
     res.not_applied.append(fit.line)
@@ -237,31 +176,28 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
     else:
         config = config.replace(allocator="glibc", main_threads=None, worker_threads=None)
     config = _fit_memory(config, profile, dataset, res, stream, overrides.get("batch_size") or 1)
-    source = None
-    fill = config.cache_fill if config.cache else None
-    if fill == "first_epoch" and not config.cache_in_memory and world_size() > 1:
-        fill = "build"  # each rank's first epoch reads its shard only: the node's one cache would never be whole
+    if config.cache_fill == "first_epoch" and not config.cache_in_memory and world_size() > 1:
+        # each rank's first epoch reads its shard only: the node's one cache would never be whole
+        config = config.replace(cache_fill="build")
         res.not_applied.append(f"cache_fill='first_epoch' with the {config.cache} cache in a job of several ranks: "
                                "the node's cache is built first")
-    if config.cache:
-        if config.cache_share is not None:
-            source = _partial_source(dataset, config, fill or "build", progress, build_workers())
-        elif fill == "first_epoch":
-            source = _filling_source(dataset, config.cache, profile, cache_dir)
-        else:
-            source = _cached_source(dataset, config.cache, profile, cache_dir, progress, build_workers())
-        if source is None:
-            config = config.replace(cache=None)
-            res.settings["cache"], res.sources["cache"] = None, "not used: random samples"
-            res.settings["cache_share"], res.sources["cache_share"] = None, res.sources["cache"]
-            fill = None
-    res.settings["cache_fill"], res.sources["cache_fill"] = fill, res.sources["cache"]
-    if source is not None:
-        data, collate_fn = reading(source, transform, overrides.get("collate_fn"))
-        if collate_fn is not None:
-            overrides["collate_fn"] = collate_fn
-    else:
-        data = with_transform(dataset, transform, stream)
+    site = FactorySite(cache_dir, progress=progress)
+    prepared = prepare_source(dataset, config, site, transform=transform, collate_fn=overrides.get("collate_fn"),
+                              stream=stream)
+    if prepared.random:
+        warnings.warn(
+            f"dataset[i] returns different samples on two reads, so the {config.cache!r} cache is not used "
+            "(it would freeze one draw for every epoch): move the random part into transform=..., which "
+            "runs after the cache every epoch, to cache the deterministic part.",
+            stacklevel=_caller_stacklevel())
+        config = config.replace(cache=None)
+        res.settings["cache"], res.sources["cache"] = None, "not used: random samples"
+        res.settings["cache_share"], res.sources["cache_share"] = None, res.sources["cache"]
+    res.settings["cache_fill"] = config.cache_fill if config.cache else None
+    res.sources["cache_fill"] = res.sources["cache"]
+    if prepared.collate_fn is not None:
+        overrides["collate_fn"] = prepared.collate_fn
+    data = prepared.dataset
     loader = make_loader(data, config, user_worker_init=user_init, loader_cls=loader_cls, **overrides)
     loader.autotune = res
     if not config.num_workers and res.sources.get("num_workers") == "recipe":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime as _dt
+import hashlib
 import json
 import os
 import secrets
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune import __version__
+from autotune.caches import default_root
 from autotune.config import LoaderConfig
 from autotune.errors import HardwareMismatch, RecipeError
 from autotune.machine import _hardware
@@ -239,7 +241,7 @@ def _migrate(data: dict[str, Any], path: Path) -> dict[str, Any]:
     if version > VERSION:
         raise RecipeError(
             f"Recipe file {path} has format version {version}, newer than this autotune reads "
-            f"(up to {VERSION}); upgrade autotune (pip install -U autotune), or run "
+            f"(up to {VERSION}); upgrade autotune (pip install -U dataloader-autotune), or run "
             f"`autotune search DATASET --output OTHER.json` to write a separate file."
         )
     while version < VERSION:
@@ -393,18 +395,26 @@ def _atomic_write_text(target: Path, text: str) -> None:
             os.close(dir_fd)
 
 
+def recipe_lock_path(path: Path) -> Path:
+    """Where the lock of the recipe at ``path`` lives: ``autotune-locks`` beside the cache root."""
+    name = hashlib.sha256(str(Path(path).resolve()).encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    return default_root().parent / "autotune-locks" / f"recipe-{name}.lock"
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """Hold an advisory lock on ``.NAME.lock`` beside the recipe while it is read and rewritten
-    (the recipe itself is replaced, so it cannot carry the lock).  No lock where fcntl is absent."""
+    """Hold an advisory lock for the recipe while it is read and rewritten (the recipe itself is replaced,
+    so it cannot carry the lock).  The lock file lies beside the user's cache folder, named by the recipe's
+    real path, never in the user's repository.  No lock where fcntl is absent."""
     try:
         import fcntl
     except ImportError:
         yield
         return
-    lock_path = path.parent / f".{path.name}.lock"
+    lock_path = recipe_lock_path(path)
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        lock_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     except OSError:
         yield  # read-only folder etc.: the write below reports the real problem
         return

@@ -31,9 +31,17 @@ class Limits:
     cache_shares: tuple[float, ...] = ()  # set by cache_choices: a partial memory cache's shares, if any
 
 
-def disk_free(folder: Path) -> int:
-    folder.mkdir(parents=True, exist_ok=True)
-    return shutil.disk_usage(folder).free
+def disk_free(*folders: Path) -> int:
+    """The free space a disk cache may use: the least of the folders it is written in (the trials' caches
+    under the work folder, the factory's under the cache root), each measured at its nearest existing folder
+    (nothing is created to look)."""
+    free = []
+    for folder in folders:
+        existing = Path(folder).absolute()
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        free.append(shutil.disk_usage(existing).free)
+    return min(free)
 
 
 SHARE_STEP = 0.01  # partial memory caches are offered in 1% steps (a 1.2 GiB job holds ~10% of 6 GB)

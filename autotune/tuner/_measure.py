@@ -11,7 +11,7 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,20 +19,11 @@ import torch
 from torch.utils.data import Subset
 
 from autotune import caches
-from autotune.caches import TRIAL_LOCK, DiskFill, FirstEpochCache, build_partial, dataset_key
+from autotune.caches import TRIAL_LOCK, DiskFill, FirstEpochCache, PartialCache, build_partial
 from autotune.caches._lock import BuildLock
 from autotune.caches._trust import check_trusted
 from autotune.config import LoaderConfig, partial_count
-from autotune.dataset import check_deterministic
-from autotune.loader import (
-    DeviceConsumer,
-    Transformed,
-    cached_source,
-    filling_source,
-    make_loader,
-    partial_source,
-    with_transform,
-)
+from autotune.loader import DeviceConsumer, make_loader, prepare_source
 from autotune.machine import EvictionReport, evict, tree_pss
 from autotune.process import apply_at_runtime
 from autotune.tuner._measurement import Measurement
@@ -101,117 +92,87 @@ def _consumer(workload: Workload, config: LoaderConfig) -> Callable[[Any], Any]:
     return workload.train_step if workload.train_step is not None else DeviceConsumer(config.pin_memory)
 
 
-@dataclass
-class Source:
-    """What a trial's loader reads, and what preparing it cost."""
+class TrialSite:
+    """A trial's ``CacheSite``: its own folder (``plan.cache_root``, which the runner removes afterwards,
+    even when it kills the trial) and its subset, every rank's samples when the ranks share a cache. A
+    build on a subset measures its start-up first, on a few samples, outside the build's timing."""
 
-    dataset: Any
-    collate_fn: Callable[..., Any] | None = None
-    build_seconds: float = 0.0  # getting the cache ready on the subset: building it, or waiting for its builder
-    build_head: tuple[float, int] | None = None  # a build of a few samples: splits start-up from per-sample cost
-    cache: Any = None  # the cache read (its origin says whether this process built it)
-    memory_bytes: int = 0  # what a memory cache of the subset holds in RAM (0: none)
+    def __init__(self, workload: Workload, plan: Plan):
+        self.workload, self.plan = workload, plan
+        self.indices: Sequence[int] | None = plan.indices
+        self.build_head: tuple[float, int] | None = None  # (seconds, samples) of the start-up build
+        self._root: str | None = None
+        self._order: list[int] | None = None  # the indices the cache holds, position by position
 
+    def root(self) -> str:
+        if self._root is None:
+            self._root = self.plan.cache_root or tempfile.mkdtemp(prefix="autotune-trial-")
+            _hold_trial_folder(self._root)
+        return self._root
 
-def _source(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
-    """The dataset the loader reads, and the cache build (on the subset) that preparing it took."""
-    if plan.stream:
-        return Source(with_transform(workload.dataset, workload.transform, stream=True), workload.collate_fn)
-    if config.cache is None:
-        return Source(Transformed(workload.dataset, workload.transform, plan.indices), workload.collate_fn)
-    if config.cache_share is not None:  # a partial cache: in memory only (LoaderConfig rule 5)
-        return _partial(workload, config, plan)
-    if config.cache_fill == "first_epoch" and config.cache_in_memory:
-        start = time.perf_counter()
-        cache = FirstEpochCache(workload.dataset, plan.indices)  # filled by the first epoch itself
-        build_seconds = time.perf_counter() - start
-        dataset, collate_fn = filling_source(cache, workload.transform, workload.collate_fn)
-        return Source(dataset, collate_fn, build_seconds, memory_bytes=cache.nbytes)
-    # The runner gives each trial its own folder and removes it afterwards, even when it kills the trial.
-    root = plan.cache_root or tempfile.mkdtemp(prefix="autotune-trial-")
-    _hold_trial_folder(root)
-    if config.cache_fill == "first_epoch":  # a disk cache: one rank only (build_space)
-        start = time.perf_counter()
-        expected = caches.expected_manifest({"dataset": workload.fingerprint, "trial": True}, plan.indices)
-        fill = DiskFill(config.cache, workload.dataset, os.path.join(root, f"{config.cache}-fill"), expected,
-                        plan.indices)
-        build_seconds = time.perf_counter() - start
-        dataset, collate_fn = cached_source(fill, workload.transform, workload.collate_fn)
-        return Source(dataset, collate_fn, build_seconds, cache=fill)
-    indices, length = plan.cached()
-    head = None
-    if len(indices) < length and len(indices) > 4 * _BUILD_HEAD:
-        # A build of a few samples first: its start-up is paid once by the whole build (tuner/_predict.py).
-        start = time.perf_counter()
-        _build(workload, config, plan, root, indices[:_BUILD_HEAD], "head")
-        head = (time.perf_counter() - start, _BUILD_HEAD)
-        _evict(plan)  # the head's files are warm now; the build is measured cold, as the factory's is
-    start = time.perf_counter()
-    built = _build(workload, config, plan, root, indices, "")
-    build_seconds = time.perf_counter() - start
+    def before(self, step: str, backend: str, dataset: Any) -> None:
+        if step == "partial" or (step == "fill" and caches.get_backend(backend).in_memory):
+            return  # held in this process's memory: no folder
+        self.root()
+        indices, length = self.plan.cached()
+        if step == "build" and len(indices) < length and len(indices) > 4 * _BUILD_HEAD:
+            # A build of a few samples first: its start-up is paid once by the whole build (tuner/_predict.py).
+            start = time.perf_counter()
+            self._build(backend, dataset, indices[:_BUILD_HEAD], "head")
+            self.build_head = (time.perf_counter() - start, _BUILD_HEAD)
+            _evict(self.plan)  # the head's files are warm now; the build is measured cold, as the factory's is
 
-    dataset, collate_fn = cached_source(built, workload.transform, workload.collate_fn)
-    if plan.cache_indices is not None:  # a cache of every rank's samples: this rank reads its shard
-        position = {index: k for k, index in enumerate(indices)}
-        dataset = Subset(dataset, [position[i] for i in plan.indices])
-    memory_bytes = built.nbytes if config.cache_in_memory else 0
-    return Source(dataset, collate_fn, build_seconds, head, built, memory_bytes)
+    def build(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
+        indices, _ = self.plan.cached()
+        self._order = list(indices)
+        return self._build(backend, dataset, indices, "")
 
+    def _build(self, backend: str, dataset: Any, indices: list[int], part: str) -> Any:
+        """A ``backend`` cache of ``indices`` under the trial's folder.
 
-def _partial(workload: Workload, config: LoaderConfig, plan: Plan) -> Source:
-    """A partial memory cache on the subset (``caches._partial``): the whole run caches the first
-    ``partial_count`` indices of the dataset, so the trial caches the subset's samples among them (a seeded
-    subset: about the same share of its reads hit) and reads the others from the source, as the run does.
-    Sorted, the subset's cached indices come first, as the run's do; the loader shuffles positions anyway."""
-    indices, length = plan.cached()
-    order = sorted(indices)
-    first = partial_count(config.cache_share, length)
-    count = sum(1 for i in order if i < first)
-    start = time.perf_counter()
-    cache = build_partial(workload.dataset, count, fill=config.cache_fill, indices=order, progress=False,
-                          workers=plan.build_workers)
-    build_seconds = time.perf_counter() - start
-    dataset, collate_fn = partial_source(cache, workload.transform, workload.collate_fn)
-    if plan.cache_indices is not None:  # a cache of every rank's samples: this rank reads its shard
-        position = {index: k for k, index in enumerate(order)}
-        dataset = Subset(dataset, [position[i] for i in plan.indices])
-    return Source(dataset, collate_fn, build_seconds, cache=cache, memory_bytes=cache.nbytes)
+        Several ranks of one candidate share the folder: a disk cache goes through ``open_or_build`` and its
+        build lock, as the factory's does, so one rank builds it and the others wait for it and open it
+        (the wait is part of their run, as in a torchrun job); a memory cache is built by every rank, each
+        holding its own copy, as each rank's factory does. Alone, the trial builds into its own folder."""
+        root, plan, fingerprint = self.root(), self.plan, self.workload.fingerprint
+        name = f"{backend}-{part}" if part else backend
+        if plan.shares_cache and not caches.get_backend(backend).in_memory:
+            manifest = {"key": f"trial-{part}" if part else "trial", "dataset": fingerprint, "trial": True}
+            return caches.open_or_build(backend, dataset, root=root, manifest=manifest, indices=indices,
+                                        progress=False, workers=plan.build_workers)
+        return caches.get_backend(backend).build(dataset, indices, os.path.join(root, name),
+                                                 manifest={"dataset": fingerprint, "trial": True}, progress=False,
+                                                 workers=plan.build_workers)
 
+    def fill(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
+        plan = self.plan
+        if caches.get_backend(backend).in_memory:
+            return FirstEpochCache(dataset, plan.indices)  # filled by the first epoch itself
+        # a disk cache: one rank only (build_space)
+        expected = caches.expected_manifest({"dataset": self.workload.fingerprint, "trial": True}, plan.indices)
+        return DiskFill(backend, dataset, os.path.join(self.root(), f"{backend}-fill"), expected, plan.indices)
 
-def _build(workload: Workload, config: LoaderConfig, plan: Plan, root: str, indices: list[int], part: str) -> Any:
-    """A ``config.cache`` cache of ``indices`` under the trial's folder ``root``.
+    def partial(self, dataset: Any, share: float, fill: str) -> PartialCache:
+        """The whole run caches the first ``partial_count`` indices of the dataset, so the trial caches the
+        subset's samples among them (a seeded subset: about the same share of its reads hit) and reads the
+        others from the source, as the run does. Sorted, the subset's cached indices come first, as the
+        run's do; the loader shuffles positions anyway."""
+        indices, length = self.plan.cached()
+        self._order = sorted(indices)
+        first = partial_count(share, length)
+        count = sum(1 for i in self._order if i < first)
+        return build_partial(dataset, count, fill=fill, indices=self._order, progress=False,
+                             workers=self.plan.build_workers)
 
-    Several ranks of one candidate share the folder: a disk cache goes through ``open_or_build`` and its
-    build lock, as the factory's does, so one rank builds it and the others wait for it and open it
-    (the wait is part of their run, as in a torchrun job); a memory cache is built by every rank, each
-    holding its own copy, as each rank's factory does. Alone, the trial builds into its own folder."""
-
-    assert config.cache is not None
-    name = f"{config.cache}-{part}" if part else config.cache
-    if plan.shares_cache and not config.cache_in_memory:
-        manifest = {"key": f"trial-{part}" if part else "trial", "dataset": workload.fingerprint, "trial": True}
-        return caches.open_or_build(config.cache, workload.dataset, root=root, manifest=manifest, indices=indices,
-                                    progress=False, workers=plan.build_workers)
-    manifest = {"dataset": workload.fingerprint, "trial": True}
-    return caches.get_backend(config.cache).build(workload.dataset, indices, os.path.join(root, name),
-                                                  manifest=manifest, progress=False, workers=plan.build_workers)
+    def shard(self, dataset: Any) -> Any:
+        """A cache of every rank's samples: this rank reads its shard of it."""
+        if self.plan.cache_indices is None or self._order is None:
+            return dataset
+        position = {index: k for k, index in enumerate(self._order)}
+        return Subset(dataset, [position[i] for i in self.plan.indices])
 
 
 _BUILD_HEAD = 16  # samples in the build that measures a build's start-up
-
-
-def _factory_fixed_seconds(workload: Workload, config: LoaderConfig, plan: Plan) -> float:
-    """The steps ``autotune.dataloader(...)`` runs before a cache build whatever the length, timed here in
-    its order on the files just evicted: the determinism check (a few samples read twice) and, for a
-    disk cache, the cache key (``caches._key``: the source files listed, probe samples digested)."""
-    if config.cache is None or plan.stream:
-        return 0.0
-
-    start = time.perf_counter()
-    check_deterministic(workload.dataset)
-    if not config.cache_in_memory:
-        dataset_key(workload.dataset)
-    return time.perf_counter() - start
 
 
 _held: dict[str, Any] = {}  # trial folder -> its lock, held for the life of the trial's process
@@ -304,12 +265,20 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     """
     applied = apply_at_runtime(config.process_settings())
     evictions = [_evict(plan)]  # before the cache build too: it reads the source files
-    fixed = _factory_fixed_seconds(workload, config, plan)
-    source = _source(workload, config, plan)
+    # The factory's road (``loader.prepare_source``), on the trial's site: the steps it runs whatever the
+    # length (the determinism check, a disk cache's key) are fixed; the cache step is the subset's build.
+    steps: dict[str, float] = {}
+
+    def timer(step: str, seconds: float) -> None:
+        steps[step] = steps.get(step, 0.0) + seconds
+
+    site = TrialSite(workload, plan)
+    source = prepare_source(workload.dataset, config, site, transform=workload.transform,
+                            collate_fn=workload.collate_fn, stream=plan.stream, timer=timer)
     dataset, collate_fn = source.dataset, source.collate_fn
-    build_seconds, build_head = source.build_seconds, source.build_head
-    if config.cache and config.cache_fill == "first_epoch":
-        fixed, build_seconds = fixed + build_seconds, 0.0  # the schema's head: read once, whatever the length
+    fixed = steps.get("check", 0.0) + steps.get("key", 0.0)
+    build_seconds, build_head = steps.get("cache", 0.0), site.build_head
+    memory_bytes = source.cache.nbytes if source.cache is not None and config.cache_in_memory else 0
     generator = torch.Generator().manual_seed(plan.seed)
     order: dict[str, Any] = {} if plan.stream else {"shuffle": True}  # a stream keeps its own order
     loader = make_loader(
@@ -367,7 +336,7 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
         start = time.perf_counter()
         source.cache.close()
         fixed += (time.perf_counter() - start) * plan.length / len(plan.indices)
-    peak = whole_run_peak(peak, source.memory_bytes, build_samples, build_length)
+    peak = whole_run_peak(peak, memory_bytes, build_samples, build_length)
     first, warm = timings[0], timings[-1]
     length = plan.length
     if bound is not None and first.batches < bound:  # the stream ended before the bound: read whole
@@ -376,10 +345,11 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
                          length=length, batch_size=workload.batch_size, epochs=workload.epochs,
                          build_fixed_seconds=fixed, build_head=build_head,
                          build_samples=build_samples, build_length=build_length)
-    cache = source.cache  # its origin: built in this process, or waited for (opened from) another rank's build
-    builder = (getattr(cache, "manifest", None) or {}).get("builder", {}).get("id")
+    # its origin: built in this process, or waited for (opened from) another rank's build; a memory fill has none
+    origin = getattr(source.cache, "origin", None)
+    builder = (getattr(source.cache, "manifest", None) or {}).get("builder", {}).get("id")
     return Measurement(prediction=prediction, epochs=tuple(timings), measured_samples=n, peak_memory_bytes=peak,
                        build_seconds_subset=build_seconds, eviction=evictions[0],
                        process_applied=tuple(applied.applied), process_not_applied=tuple(applied.not_applied),
-                       cache_origins=(cache.origin,) if cache is not None else (),
+                       cache_origins=(origin,) if origin is not None else (),
                        cache_builders=(builder,) if builder else ())

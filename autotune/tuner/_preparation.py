@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune._units import format_bytes
+from autotune.caches import default_root
 from autotune.dataset import (
     UserSpec,
     check_sharding,
     epoch_state_warning,
+    guarded,
     is_stream,
     local_shard_files,
     shard_count,
@@ -31,6 +33,7 @@ from autotune.machine import (
 from autotune.machine import _hardware as hardware
 from autotune.tuner._candidates import Limits, build_space, disk_free
 from autotune.tuner._measure import Plan, Workload
+from autotune.tuner._options import Clock, SearchOptions
 from autotune.tuner._space import Space
 
 
@@ -66,10 +69,17 @@ def stream_subset(probe: Probe, batch_size: int, seconds: float) -> int:
     return min(count, probe.length) if probe.length_known else count
 
 
-def prepare(spec: UserSpec, opts: Any) -> Setup:
-    """``opts`` is a SearchOptions."""
-    if is_stream(spec.dataset):
-        return prepare_stream(spec, opts)
+def prepare(spec: UserSpec, opts: SearchOptions, clock: Clock | None = None) -> Setup:
+    """Every read of the user's data here runs under the budget's deadline (``dataset/_watchdog.py``): a read
+    that hangs, or preparation outliving the budget, is one line naming the read and exit 2."""
+    clock = clock or opts.clock()
+    with guarded(clock.budget_end, clock.read_allowance):
+        if is_stream(spec.dataset):
+            return prepare_stream(spec, opts, clock)
+        return _prepare_map_style(spec, opts)
+
+
+def _prepare_map_style(spec: UserSpec, opts: SearchOptions) -> Setup:
     hw = hardware.collect(ranks_per_node=opts.ranks_per_node)
     probe = probe_dataset(spec, seed=opts.seed)
     stateful = epoch_state_warning(spec.dataset)
@@ -77,7 +87,7 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
     limits = Limits(
         usable_cpus=usable_cpus(ranks),
         memory_budget=opts.max_memory or default_budget(),  # the node's: its N ranks' trials are checked together
-        disk_free=disk_free(opts.workdir),
+        disk_free=disk_free(opts.workdir, default_root()),
         # With N ranks, workers per rank may go up to the node's CPUs: the N ranks' loaders are measured
         # competing for them, so the measurement, not a division by N, decides.
         max_workers=opts.max_workers if opts.max_workers is not None or ranks == 1 else usable_cpus(1),
@@ -89,6 +99,8 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
     )
     if stateful:
         limits.notes.append(stateful)
+    if not opts.max_memory:
+        _note_limit(limits)
     space = build_space(probe, limits)
     trial_seconds = opts.trial_seconds or min(10.0, max(1.0, opts.budget / 50))
     count = subset_size(probe, spec.batch_size, trial_seconds, probe.step_seconds)
@@ -117,7 +129,7 @@ def prepare(spec: UserSpec, opts: Any) -> Setup:
     return Setup(hw, probe, limits, space, plan, workload, probe.batch_bytes, shm_free(), trial_seconds, ranks)
 
 
-def with_subset(setup: Setup, spec: UserSpec, opts: Any, count: int) -> Setup:
+def with_subset(setup: Setup, spec: UserSpec, opts: SearchOptions, count: int) -> Setup:
     """``setup`` measuring ``count`` samples instead: a study shared by several searches keeps the subset the
     first one chose (its size comes from a timing, which differs a little between nodes and runs)."""
     probe = setup.probe
@@ -128,6 +140,16 @@ def with_subset(setup: Setup, spec: UserSpec, opts: Any, count: int) -> Setup:
     sources = source_files(spec.dataset, indices, probe.length, opts.data_dir)
     plan = replace(setup.plan, indices=indices, files=sources.files, cold_every_epoch=sources.cold_every_epoch)
     return replace(setup, plan=plan)
+
+
+def _note_limit(limits: Limits) -> None:
+    """Say where the memory budget comes from when a limit, not the host, sets it."""
+    from autotune.machine._memory_limit import job_memory
+
+    memory = job_memory()
+    if memory.limit is not None:
+        limits.notes.append(f"memory budget: {format_bytes(limits.memory_budget)}, 70% of what "
+                            f"{memory.describe_limit()} leaves this job now")
 
 
 def _note_sources(sources: SourceFiles, limits: Limits) -> None:
@@ -141,7 +163,7 @@ def _note_sources(sources: SourceFiles, limits: Limits) -> None:
         limits.notes.append(f"cold reads: no source files to evict ({sources.how}); every epoch is measured warm")
 
 
-def prepare_stream(spec: UserSpec, opts: Any) -> Setup:
+def prepare_stream(spec: UserSpec, opts: SearchOptions, clock: Clock) -> Setup:
     """A stream (IterableDataset): the same search over workers, prefetch, persistence, pinning, start
     method, threads and allocator, measured on the stream's first batches in its own order. The sharding
     check runs first: a stream that hands every worker all its data is refused before any trial."""
@@ -151,7 +173,7 @@ def prepare_stream(spec: UserSpec, opts: Any) -> Setup:
     limits = Limits(
         usable_cpus=usable_cpus(opts.ranks_per_node),
         memory_budget=opts.max_memory or default_budget(),
-        disk_free=disk_free(opts.workdir),
+        disk_free=disk_free(opts.workdir, default_root()),
         max_workers=opts.max_workers,
         caches=("none",),
         ranks=max(1, opts.ranks_per_node),
@@ -161,7 +183,8 @@ def prepare_stream(spec: UserSpec, opts: Any) -> Setup:
         "caches left out: a stream is read in its own order (its shuffle buffer, its shard order), and a cache "
         "would replay one recorded pass every epoch, freezing that order"
     )
-    not_checked = check_sharding(spec.dataset, timeout=opts.trial_timeout or 120.0)
+    not_checked = check_sharding(spec.dataset, timeout=min(opts.trial_timeout or 120.0,
+                                                            max(1.0, clock.left(clock.budget_end))))
     if not_checked:
         limits.notes.append(not_checked)
     shards = shard_count(spec.dataset)

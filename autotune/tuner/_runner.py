@@ -333,7 +333,7 @@ class Runner:
                 sender.close()
             if give_up_after is not None and env is not None:
                 give_up_after += 5.0  # a spawned interpreter's start-up is not part of the measured figure
-            return self._watch(ranks, timeout, should_prune, give_up_after)
+            result = self._watch(ranks, timeout, should_prune, give_up_after)
         finally:
             for rank in ranks:
                 rank.receiver.close()
@@ -344,6 +344,13 @@ class Runner:
                 rank.proc.join(10)
             if trial_dir:
                 shutil.rmtree(trial_dir, ignore_errors=True)
+        if self.memory_limit and result.peak_memory_bytes > self.memory_limit:
+            # The subset's run fitted, the whole run would not: its memory cache holds every sample. A recipe
+            # over the budget would be OOM-killed where the budget is a job's limit.
+            together = f" ({len(ranks)} ranks together)" if len(ranks) > 1 else ""
+            raise TrialFailed(f"its whole run needs {format_bytes(result.peak_memory_bytes)}{together} (a memory "
+                              f"cache of every sample), over the memory budget of {format_bytes(self.memory_limit)}")
+        return result
 
     def _watch(self, ranks: list[_Rank], timeout: float, should_prune: Callable[[int, float], bool] | None,
                give_up_after: float | None) -> Measurement:

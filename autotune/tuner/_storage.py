@@ -12,11 +12,14 @@ SQLite (a file under the work folder) is the default; PostgreSQL or MySQL URLs s
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import random
 import threading
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
@@ -25,6 +28,7 @@ from autotune.errors import AutotuneError
 
 HEARTBEAT_S = 10  # a running trial's beat period
 GRACE_S = 60  # a running trial without a beat for this long belongs to a dead search
+_T = TypeVar("_T")
 CONNECT_TIMEOUT_S = 30  # SQLite: how long a writer waits for another's lock; servers: to connect
 
 
@@ -61,13 +65,70 @@ def _cannot_open(url: str, exc: BaseException) -> AutotuneError:
     )
 
 
-def open_storage(url: str) -> optuna.storages.RDBStorage:
-    """The storage at ``url`` with heartbeats on, tables created when new; AutotuneError (one line) when it
-    cannot be opened (a bad URL, a server that is down, a missing driver, a folder that is not there)."""
+def check_url(url: str) -> None:
+    """Refuse, in one line, a storage that is not a database URL or that would vanish with the process."""
     if "://" not in url:
         raise AutotuneError(
             f"--storage {url!r} is not a database URL; use sqlite:///PATH/studies.db or postgresql://USER@HOST/DB."
         )
+    if url.startswith("sqlite") and (url.rstrip("/").endswith(":") or ":memory:" in url or "mode=memory" in url
+                                     or url.split("://", 1)[1] in ("", "/")):
+        raise AutotuneError(
+            f"--storage {url!r} is an in-memory SQLite database, gone when the search ends (and unseen by any "
+            "other search); pass a file, sqlite:///PATH/studies.db, or leave --storage out."
+        )
+
+
+@contextlib.contextmanager
+def _creating(url: str) -> Iterator[None]:
+    """Serialise creating tables and studies in one SQLite file: searches started at once on a new work folder
+    otherwise race in Optuna's schema set-up ("table alembic_version already exists"). The lock file lies
+    beside the database; the kernel frees it if a search dies."""
+    if not url.startswith("sqlite:///"):
+        yield
+        return
+    path = Path(url[len("sqlite:///"):])
+    with open(path.with_name(path.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+CREATE_ATTEMPTS = 6
+
+
+def _creation_race(exc: BaseException) -> bool:
+    """A server's answer to two searches creating the same table or study at once (PostgreSQL: a unique
+    violation on its catalogue, or "already exists"): the other one won, so trying again finds its work."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = f"{type(seen).__name__}: {seen}"
+        if any(mark in text for mark in ("UniqueViolation", "duplicate key", "already exists", "IntegrityError",
+                                         "DuplicateTable", "DuplicateObject")):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _retrying(make: Callable[[], _T]) -> _T:
+    for attempt in range(CREATE_ATTEMPTS):
+        try:
+            return make()
+        except Exception as exc:
+            if attempt == CREATE_ATTEMPTS - 1 or not _creation_race(exc):
+                raise
+            time.sleep(random.uniform(0.05, 0.3) * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """The storage at ``url`` with heartbeats on, tables created when new; AutotuneError (one line) when it
+    cannot be opened (a bad URL, a server that is down, a missing driver, a folder that is not there).
+    Any number of searches may open a new storage at once: creation is serialised (SQLite) or retried
+    (a server), so each one opens it."""
+    check_url(url)
     if url.startswith("sqlite:///"):
         folder = Path(url[len("sqlite:///"):]).parent
         if not folder.is_dir():
@@ -75,10 +136,17 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url),
-                                              heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+            with _creating(url):
+                return _retrying(lambda: optuna.storages.RDBStorage(
+                    url, engine_kwargs=_engine_kwargs(url), heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S))
         except Exception as exc:  # noqa: BLE001 - SQLAlchemy, the driver and Optuna each raise their own
             raise _cannot_open(url, exc) from None
+
+
+def create_study(storage: optuna.storages.RDBStorage, url: str, **kwargs: Any) -> optuna.Study:
+    """``optuna.create_study(load_if_exists=True)`` that any number of searches may call at once."""
+    with _creating(url):
+        return _retrying(lambda: optuna.create_study(storage=storage, load_if_exists=True, **kwargs))
 
 
 def open_existing_study(url: str, name: str) -> optuna.Study:

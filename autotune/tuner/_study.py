@@ -18,50 +18,26 @@ from typing import Any
 
 import optuna
 
-from autotune._units import format_bytes
+from autotune._units import format_bytes, format_seconds
 from autotune.caches import remove_leftovers
 from autotune.config import LoaderConfig, cache_backend
 from autotune.dataset import Probe, UserSpec
 from autotune.errors import AutotuneError, MeasurementError
 from autotune.machine import shm_rule
 from autotune.machine._hardware import fingerprint as hardware_fingerprint
-from autotune.recipe._factory_runs import FactoryRun
 from autotune.recipe._measured import Finalist
 from autotune.tuner import _storage
-from autotune.tuner._candidates import Limits
 from autotune.tuner._factory_costs import FactoryCosts
 from autotune.tuner._lifecycle import stop_on_signals
 from autotune.tuner._measure import Plan
 from autotune.tuner._measurement import Measurement
+from autotune.tuner._options import Clock, SearchOptions
 from autotune.tuner._preparation import Setup, prepare, with_subset
 from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, warm_forkserver
 from autotune.tuner._space import Space
 
 SEARCH_SHARE = 0.7  # of the budget; the rest re-measures the finalists interleaved
 ROUNDS = 3  # interleaved re-measurements of each finalist, when the budget allows
-
-
-@dataclass
-class SearchOptions:
-    budget: float = 120.0
-    workdir: Path = Path(".autotune")
-    storage: str | None = None
-    seed: int = 0
-    caches: tuple[str, ...] | None = None
-    allocators: tuple[str, ...] | None = None
-    max_memory: int | None = None
-    max_workers: int | None = None
-    ranks_per_node: int = 1
-    finalists: int = 3
-    max_trials: int | None = None  # stop after this many trials even with budget left (Optuna's n_trials)
-    progress: bool = True
-    trial_seconds: float | None = None  # target time of one default trial; derived from the budget
-    trial_timeout: float | None = None  # a trial still running after this is killed; derived by default
-    data_dir: str | None = None  # the files to evict for cold reads, when dataset[i] does not reveal them
-    sampler: Any = None  # an Optuna sampler instead of the seeded TPE (the benchmarks compare RandomSampler)
-    resume_only: bool = False  # no new trials: the recipe from what the (shared) study already measured
-    # what the factory cost, by hardware fingerprint: the recipe file's factory_runs (recipe/_factory_runs.py)
-    factory_runs: dict[str, tuple[FactoryRun, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -155,157 +131,296 @@ def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None, r
     verbosity = optuna.logging.get_verbosity()
     try:
         with warnings.catch_warnings(), stop_on_signals():
-            return _search(spec, opts, setup, runner)
+            return Search(spec, opts, setup, runner).run()
     finally:
         optuna.logging.set_verbosity(verbosity)
 
 
-def _search(spec: UserSpec, opts: SearchOptions, setup: Setup | None, runner: Any) -> Outcome:
-    started = time.monotonic()
-    deadline = started + opts.budget
-    storage = _storage.open_storage(_storage_url(opts))  # a bad URL fails before any time is spent
-    if runner is None:
-        warm_forkserver()
-    setup = setup or prepare(spec, opts)
-    hw, probe, limits, space, plan = setup.hardware, setup.probe, setup.limits, setup.space, setup.plan
-    trial_seconds = setup.trial_seconds
-    runner = runner or Runner(setup.workload, spec.sys_path, memory_limit=limits.memory_budget,
-                              ranks=setup.ranks)
-    if plan.cache_root:
-        removed = remove_leftovers(plan.cache_root)
-        if removed:
-            limits.notes.append(f"removed {len(removed)} trial folder(s) left by a search that was killed")
-    shm_limited: list[str] = []
-    log_dir = Path(opts.workdir) / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+class Search:
+    """One search and its state, as Optuna's Study holds a study's: the clock, the storage and study, the
+    setup and runner, the factory's learned costs, and what the loop counted. Its steps read and write
+    these instead of passing a dozen arguments and counters between functions."""
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    study = optuna.create_study(
-        study_name=_study_name(probe, hw, spec, space),
-        storage=storage,
-        load_if_exists=True,
-        direction="minimize",
-        sampler=opts.sampler or optuna.samplers.TPESampler(seed=opts.seed, multivariate=True, group=True,
-                                                           n_startup_trials=6, constant_liar=True),
-        pruner=HopelessPruner(),
-    )
-    _storage.fail_stale(study)  # only dead searches' trials: another live search keeps its own
-    subset = study.user_attrs.get("subset")
-    if subset is None:
-        study.set_user_attr("subset", len(plan.indices))
-    elif subset != len(plan.indices):
-        setup = with_subset(setup, spec, opts, subset)
-        plan = setup.plan
-    default = space.default()
-    costs = _factory_costs(opts, hw, probe, plan, spec, setup.ranks)
-    if opts.resume_only:
-        return _from_study(study, space, plan, probe, hw, limits, opts, started, costs)
-    seen = {t.user_attrs.get("config_key")
-            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
-    if default.key() not in seen:
-        study.enqueue_trial(space.params_for(default), skip_if_exists=True)
-    for prior in _priors(space, default):
-        if prior.key() not in seen:
-            study.enqueue_trial(space.params_for(prior), skip_if_exists=True)
+    def __init__(self, spec: UserSpec, opts: SearchOptions, setup: Setup | None = None, runner: Any = None):
+        self.spec, self.opts = spec, opts
+        self.clock: Clock = opts.clock()
+        self.url = _storage_url(opts)
+        self.storage = _storage.open_storage(self.url)  # a bad URL fails before any time is spent
+        self._setup, self._runner = setup, runner
+        self.durations: list[float] = []  # of this search's measured trials, for the budget's arithmetic
+        self.repeats = 0  # points drawn again in a row: the sampler has converged
+        self.asked = 0  # trials asked by this search (a resumed study holds earlier ones)
+        self.shm_limited: list[str] = []  # candidates /dev/shm ruled out
 
-    progress = _Progress(opts.progress, opts.budget)
-    durations: list[float] = []
-    counters = {"repeats": 0, "asked": 0}  # asked: by this search (a resumed study holds earlier ones)
-    try:
+    # -- preparation ------------------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        if self._runner is None:
+            warm_forkserver()
+        self.setup = self._setup or prepare(self.spec, self.opts, self.clock)
+        setup = self.setup
+        self.runner = self._runner or Runner(setup.workload, self.spec.sys_path,
+                                             memory_limit=setup.limits.memory_budget, ranks=setup.ranks)
+        if setup.plan.cache_root:
+            removed = remove_leftovers(setup.plan.cache_root)
+            if removed:
+                setup.limits.notes.append(f"removed {len(removed)} trial folder(s) left by a search that was killed")
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        self.study = _storage.create_study(
+            self.storage, self.url,
+            study_name=_study_name(setup.probe, setup.hardware, self.spec, setup.space),
+            direction="minimize",
+            sampler=self.opts.sampler or optuna.samplers.TPESampler(
+                seed=self.opts.seed, multivariate=True, group=True, n_startup_trials=6, constant_liar=True),
+            pruner=HopelessPruner(),
+        )
+        self.log_dir = Path(self.opts.workdir) / "logs" / self.study.study_name  # one folder per study
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        _storage.fail_stale(self.study)  # only dead searches' trials: another live search keeps its own
+        subset = self.study.user_attrs.get("subset")
+        if subset is None:
+            self.study.set_user_attr("subset", len(setup.plan.indices))
+        elif subset != len(setup.plan.indices):
+            self.setup = setup = with_subset(setup, self.spec, self.opts, subset)
+        self.costs = _factory_costs(self.opts, setup.hardware, setup.probe, setup.plan, self.spec, setup.ranks)
+        if self.opts.resume_only:
+            return self.from_study()
+        self._enqueue_priors()
+        self.progress = _Progress(self.opts.progress, self.opts.budget)
+        try:
+            self.loop()
+            return self.finish()
+        finally:
+            self.progress.close()
+
+    @property
+    def plan(self) -> Plan:
+        return self.setup.plan
+
+    def _enqueue_priors(self) -> None:
+        space = self.setup.space
+        default = space.default()
+        seen = {t.user_attrs.get("config_key")
+                for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
+        for prior in _priors(space, default):
+            if prior.key() not in seen:
+                self.study.enqueue_trial(space.params_for(prior), skip_if_exists=True)
+
+    # -- the loop ---------------------------------------------------------------------------------------
+
+    def loop(self) -> None:
+        """Trials until the budget's search share is spent, the trial count is reached or the sampler only
+        draws points already measured. The first trial runs whatever preparation cost (on a loaded machine a
+        small budget could otherwise end the search with nothing measured but the finalists' default), but
+        it too ends at the wall."""
         while True:
-            elapsed = time.monotonic() - started
-            typical = statistics.median(durations) if durations else trial_seconds * 2
-            # The first trial runs whatever preparation cost: on a loaded machine a small budget could
-            # otherwise end the search with nothing measured but the finalists' default.
-            over = counters["asked"] > 0 and elapsed + typical > opts.budget * SEARCH_SHARE
-            if over or counters["repeats"] >= 20:
+            typical = statistics.median(self.durations) if self.durations else self.setup.trial_seconds * 2
+            over = self.asked > 0 and self.clock.elapsed() + typical > self.opts.budget * SEARCH_SHARE
+            if over or self.repeats >= 20 or self.clock.left() <= 0:
                 break
-            if opts.max_trials is not None and counters["asked"] >= opts.max_trials:
+            if self.opts.max_trials is not None and self.asked >= self.opts.max_trials:
                 break
-            trial = _storage.ask(study)
-            counters["asked"] += 1
-            with _storage.heartbeat(storage, study, trial):
-                _run_trial(study, trial, space, setup, runner, deadline, log_dir, shm_limited, durations,
-                           counters, costs)
-            progress.update(_status(study))
-        if shm_limited:
-            limits.notes.append(
-                f"/dev/shm limits this machine: {len(shm_limited)} candidate(s) ruled out, e.g. "
-                f"{shm_limited[0]} ({format_bytes(setup.batch_bytes)} batches, "
-                f"{format_bytes(setup.shm_free or 0)} of /dev/shm free)"
+            trial = _storage.ask(self.study)
+            self.asked += 1
+            with _storage.heartbeat(self.storage, self.study, trial):
+                self.run_trial(trial)
+            self.progress.update(_status(self.study))
+        if self.shm_limited:
+            self.setup.limits.notes.append(
+                f"/dev/shm limits this machine: {len(self.shm_limited)} candidate(s) ruled out, e.g. "
+                f"{self.shm_limited[0]} ({format_bytes(self.setup.batch_bytes)} batches, "
+                f"{format_bytes(self.setup.shm_free or 0)} of /dev/shm free)"
             )
-        return _finish(study, space, runner, plan, probe, hw, limits, opts, started, progress, costs)
-    finally:
-        progress.close()
 
+    def trial_timeout(self) -> float:
+        """A trial's limit: the plan's, capped by the budget left (the first trial's by the wall)."""
+        until = self.clock.budget_end if self.asked > 1 else self.clock.wall
+        return min(self.plan.batch_timeout, self.clock.left(until))
 
-def _run_trial(study: optuna.Study, trial: optuna.Trial, space: Space, setup: Setup, runner: Any,
-               deadline: float, log_dir: Path, shm_limited: list[str], durations: list[float],
-               counters: dict[str, int], costs: FactoryCosts) -> None:
-    """Suggest, measure and tell one trial. Every write to the trial is guarded: another search may have
-    failed it meanwhile (it looked dead), which only ends this trial, not the search. The trial keeps what
-    it measured; the study is told the figure learned from the factory's runs, so the sampler and the
-    choice of finalists see what a candidate costs through the factory here (tuner/_factory_costs.py)."""
-    plan = setup.plan
-    config = space.suggest(trial)
-    key = config.key()
-    _storage.set_attr(trial, "config", config.to_json())
-    _storage.set_attr(trial, "config_key", key)
-    _storage.set_attr(trial, "search", _search_id())  # which search ran it, in a shared study
-    if _measured_elsewhere_now(study, key, trial.number):
-        # Another search sharing the study measures this point right now: its figure will do.
-        _storage.set_attr(trial, "repeat", True)
-        _storage.set_attr(trial, "reason", "measured at the same time by another search sharing the study")
-        _storage.tell(study, trial, state=optuna.trial.TrialState.PRUNED)
-        return
-    earlier = _completed_value(study, key, trial.number)
-    if earlier is not None:
-        counters["repeats"] += 1  # a point already measured: tell its figure, spend no time
-        _storage.set_attr(trial, "repeat", True)
-        _storage.tell(study, trial, earlier)
-        return
-    counters["repeats"] = 0
-    free = None if setup.shm_free is None else setup.shm_free // setup.ranks  # every rank's workers share it
-    reason = shm_rule(config.num_workers, config.prefetch_factor, setup.batch_bytes, free)
-    if reason is not None:
-        shm_limited.append(config.describe())
-        _storage.set_attr(trial, "reason", reason)
-        _storage.tell(study, trial, state=optuna.trial.TrialState.FAIL)
-        return
-    t0 = time.monotonic()
-
-    def should_prune(step: int, value: float, trial: optuna.Trial = trial) -> bool:
-        return _storage.report(trial, value, step)
-
-    remaining = max(5.0, deadline - time.monotonic())
-    best = _best_value(study)
-    # Everything a trial does scales with the subset, so a trial still running after the best
-    # whole-run figure scaled down to the subset (with a margin) cannot win.
-    give_up = None if best is None else 1.5 * best * len(plan.indices) / plan.length + 2.0
-    log_path = str(log_dir / f"trial-{trial.number}.log")
-    _storage.set_attr(trial, "log", log_path)
-    try:
-        result = runner.run(config, plan, timeout=min(plan.batch_timeout, remaining), should_prune=should_prune,
-                            give_up_after=give_up, log_path=log_path)
-    except TrialPruned as exc:
-        _storage.set_attr(trial, "reason", str(exc))
-        _storage.tell(study, trial, state=optuna.trial.TrialState.PRUNED)
-    except TrialFailed as exc:
-        _storage.set_attr(trial, "reason", str(exc))
-        _storage.tell(study, trial, state=optuna.trial.TrialState.FAIL)
-    except Exception as exc:  # noqa: BLE001 - a broken trial never stops the search
-        _storage.set_attr(trial, "reason", f"{type(exc).__name__}: {exc}")
-        _storage.tell(study, trial, state=optuna.trial.TrialState.FAIL)
-    except BaseException:
-        with contextlib.suppress(Exception):  # stopping: the storage may be the reason
-            _storage.set_attr(trial, "reason", "interrupted (the search was stopped)")
+    def run_trial(self, trial: optuna.Trial) -> None:
+        """Suggest, measure and tell one trial. Every write to the trial is guarded: another search may have
+        failed it meanwhile (it looked dead), which only ends this trial, not the search. The trial keeps what
+        it measured; the study is told the figure learned from the factory's runs, so the sampler and the
+        choice of finalists see what a candidate costs through the factory here (tuner/_factory_costs.py)."""
+        study, setup, plan = self.study, self.setup, self.plan
+        config = setup.space.suggest(trial)
+        key = config.key()
+        _storage.set_attr(trial, "config", config.to_json())
+        _storage.set_attr(trial, "config_key", key)
+        _storage.set_attr(trial, "search", _search_id())  # which search ran it, in a shared study
+        if _measured_elsewhere_now(study, key, trial.number):
+            # Another search sharing the study measures this point right now: its figure will do.
+            _storage.set_attr(trial, "repeat", True)
+            _storage.set_attr(trial, "reason", "measured at the same time by another search sharing the study")
+            _storage.tell(study, trial, state=optuna.trial.TrialState.PRUNED)
+            return
+        earlier = _completed_value(study, key, trial.number)
+        if earlier is not None:
+            self.repeats += 1  # a point already measured: tell its figure, spend no time
+            _storage.set_attr(trial, "repeat", True)
+            _storage.tell(study, trial, earlier)
+            return
+        self.repeats = 0
+        free = None if setup.shm_free is None else setup.shm_free // setup.ranks  # every rank's workers share it
+        reason = shm_rule(config.num_workers, config.prefetch_factor, setup.batch_bytes, free)
+        if reason is not None:
+            self.shm_limited.append(config.describe())
+            _storage.set_attr(trial, "reason", reason)
             _storage.tell(study, trial, state=optuna.trial.TrialState.FAIL)
-        raise
-    else:
-        _record(trial, result)
-        _storage.tell(study, trial, costs.learned(config, result)[0].total_seconds)
-    durations.append(time.monotonic() - t0)
+            return
+        t0 = time.monotonic()
+
+        def should_prune(step: int, value: float, trial: optuna.Trial = trial) -> bool:
+            return _storage.report(trial, value, step)
+
+        best = _best_value(study)
+        # Everything a trial does scales with the subset, so a trial still running after the best
+        # whole-run figure scaled down to the subset (with a margin) cannot win.
+        give_up = None if best is None else 1.5 * best * len(plan.indices) / plan.length + 2.0
+        log_path = str(self.log_dir / f"trial-{trial.number}.log")
+        _storage.set_attr(trial, "log", log_path)
+        try:
+            result = self.runner.run(config, plan, timeout=self.trial_timeout(), should_prune=should_prune,
+                                     give_up_after=give_up, log_path=log_path)
+        except TrialPruned as exc:
+            _storage.set_attr(trial, "reason", str(exc))
+            _storage.tell(study, trial, state=optuna.trial.TrialState.PRUNED)
+        except TrialFailed as exc:
+            _storage.set_attr(trial, "reason", str(exc))
+            _storage.tell(study, trial, state=optuna.trial.TrialState.FAIL)
+        except Exception as exc:  # noqa: BLE001 - a broken trial never stops the search
+            _storage.set_attr(trial, "reason", f"{type(exc).__name__}: {exc}")
+            _storage.tell(study, trial, state=optuna.trial.TrialState.FAIL)
+        except BaseException:
+            with contextlib.suppress(Exception):  # stopping: the storage may be the reason
+                _storage.set_attr(trial, "reason", "interrupted (the search was stopped)")
+                _storage.tell(study, trial, state=optuna.trial.TrialState.FAIL)
+            raise
+        else:
+            _record(trial, result)
+            _storage.tell(study, trial, self.costs.learned(config, result)[0].total_seconds)
+        self.durations.append(time.monotonic() - t0)
+
+    # -- the finalists ----------------------------------------------------------------------------------
+
+    def finish(self) -> Outcome:
+        """Measure the finalists and the default again, interleaved, in what is left before the wall."""
+        study, plan = self.study, self.plan
+        default = self.setup.space.default()
+        finalists = _best_distinct(study, self.opts.finalists)
+        configs = [LoaderConfig.from_json(t.user_attrs["config"]) for t in finalists]
+        if default not in configs:
+            configs.append(default)
+        figures: dict[LoaderConfig, list[Measurement]] = {c: [] for c in configs}
+        failed_finalists: dict[LoaderConfig, str] = {}
+        cost = {t.user_attrs.get("config_key"): t.duration.total_seconds()
+                for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if t.duration}
+        typical = statistics.median(cost.values()) if cost else plan.batch_timeout / 10
+        round_cost = sum(cost.get(c.key(), typical) for c in configs)
+        rounds = max(1, min(ROUNDS, int(self.clock.left() / max(round_cost, 1e-3))))
+        for r in range(rounds):
+            order = configs[r % len(configs):] + configs[: r % len(configs)]  # rotate: A B C, B C A, ...
+            for config in order:
+                if config in failed_finalists:
+                    continue
+                expected = cost.get(config.key(), typical)
+                if self.clock.left() < min(expected, plan.batch_timeout):
+                    continue  # it would not end before the wall: its figures so far (or the loop's) stand
+                try:
+                    figures[config].append(self.runner.run(config, plan,
+                                                           timeout=min(plan.batch_timeout, self.clock.left())))
+                except TrialFailed as exc:  # a finalist that fails now (timeout, memory) is out, not fatal
+                    failed_finalists[config] = str(exc)
+                self.progress.update(f"finalists round {r + 1}/{rounds}")
+        runs = _pool_runs(study, figures, failed_finalists, self.setup.limits.notes)
+        return self.outcome(runs, failed_finalists, "interleaved re-measurement")
+
+    def from_study(self) -> Outcome:
+        """The recipe from what the study holds, without measuring anything: every search's finalist runs, and
+        the trials' own figures for configurations no search re-measured (``--resume-only``)."""
+        study = self.study
+        runs = _pooled_runs(study)
+        for config, results in _loop_results(study).items():
+            runs.setdefault(config, results)
+        if not runs:
+            raise AutotuneError(
+                f"The study {study.study_name} holds no measured trial yet; run `autotune search` without "
+                "--resume-only first (on any node sharing this --storage)."
+            )
+        return self.outcome(runs, {}, "the shared study's figures")
+
+    def outcome(self, runs: dict[LoaderConfig, list[Measurement]], failed_finalists: dict[LoaderConfig, str],
+                how: str) -> Outcome:
+        """The winner among the measured configurations (lowest median whole run, the default on a tie), each
+        figure learned from the factory's validated runs where they stand for it (tuner/_factory_costs.py)."""
+        study, setup, default = self.study, self.setup, self.setup.space.default()
+        medians = {c: Measurement.median(v) for c, v in runs.items() if v}
+        notes = list(setup.limits.notes)
+        if default not in medians:
+            # The default failed its re-measurement (a timeout on a loaded machine) but the loop measured it:
+            # its figure from the loop still anchors the A/B check.
+            loop = _loop_results(study, notes).get(default)
+            if loop:
+                medians[default] = Measurement.median(loop)
+                why = failed_finalists.get(default, "the budget ran out")
+                notes.append(f"the plain default failed its re-measurement ({why}); "
+                             "its figure comes from the search's own trial")
+        learned: dict[LoaderConfig, str] = {}
+        for config, figure in medians.items():
+            medians[config], note = self.costs.learned(config, figure)
+            if note:
+                learned[config] = note
+        if default not in medians:
+            reason = failed_finalists.get(default) or (
+                f"the budget ran out before it was measured ({format_seconds(self.clock.elapsed())} spent, "
+                f"{self.clock.promise()})")
+            raise AutotuneError(
+                f"Even the plain default (num_workers=0, no cache) could not be measured: {reason}. "
+                "Fix that first (a larger --budget or --max-memory, a dataset that loads in the main process)."
+            )
+        winner = min(medians, key=lambda c: (medians[c].total_seconds, c != default, c.key()))
+        is_default = winner == default
+        notes.extend(learned[c] for c in dict.fromkeys((winner, default)) if c in learned)
+        note = f"fastest candidate in {how}" if not is_default else ""
+        if is_default and len(medians) > 1:
+            note = "no candidate beat the plain default in the interleaved A/B check; the recipe is the default"
+        elif is_default:
+            note = "the plain default is the only candidate that could be measured"
+        trials = study.get_trials(deepcopy=False)
+        states = optuna.trial.TrialState
+        return Outcome(
+            config=winner,
+            figures=medians[winner],
+            default_figures=medians[default],
+            is_default=is_default,
+            note=note,
+            trials=sum(1 for t in trials if not t.user_attrs.get("repeat") and t.state not in (states.RUNNING,
+                                                                                                  states.WAITING)),
+            failed=[t.user_attrs.get("reason", "") for t in trials if t.state == states.FAIL],
+            pruned=sum(1 for t in trials if t.state == states.PRUNED),
+            search_seconds=self.clock.elapsed(),
+            plan=self.plan,
+            probe=setup.probe,
+            hardware=setup.hardware,
+            notes=notes,
+            finalists=[
+                Finalist(c, tuple(f.total_seconds for f in runs.get(c, [])))
+                for c in sorted((c for c in runs if runs[c]), key=lambda c: medians[c].total_seconds)
+                [:max(self.opts.finalists, 1) + 1]
+            ] + [Finalist(c, ()) for c in failed_finalists],  # failed when measured again
+            study={"name": study.study_name, "storage": self.url},
+        )
+
+
+def _loop_results(study: optuna.Study, unreadable: list[str] | None = None) -> dict[LoaderConfig, list[Measurement]]:
+    """What the loop's completed trials measured, by configuration."""
+    out: dict[LoaderConfig, list[Measurement]] = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        result = _trial_result(study, t, unreadable)
+        if result is not None:
+            out.setdefault(LoaderConfig.from_json(t.user_attrs["config"]), []).append(result)
+    return out
 
 
 def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
@@ -323,14 +438,16 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
     if caches:
         allocator = "glibc-tuned" if "glibc-tuned" in space.allocators else default.allocator
         cache = next((c for c in caches if cache_backend(c).in_memory), caches[0])  # no disk needed
-        priors.append(replace(default, cache=cache, allocator=allocator))
+        share = (space.cache_shares[0] if cache_backend(cache).in_memory and space.cache_shares
+                 else None)  # the most that fits
+        priors.append(replace(default, cache=cache, allocator=allocator, cache_share=share))
         if ("first_epoch" in space.cache_fills and cache in space.filled_caches and space.max_workers
                 and "fork" in space.contexts):
             # The same cache filled while the first epoch trains, its decode spread over the workers.
             priors.append(LoaderConfig(num_workers=space.max_workers, prefetch_factor=2,
                                        persistent_workers=True in space.persistent, multiprocessing_context="fork",
                                        main_threads=default.main_threads, cache=cache, cache_fill="first_epoch",
-                                       allocator=allocator))
+                                       allocator=allocator, cache_share=share))
     elif 1 in space.main_threads and default.main_threads != 1:
         priors.append(replace(default, main_threads=1))
     return priors
@@ -404,36 +521,6 @@ def _factory_costs(opts: SearchOptions, hw: dict[str, Any], probe: Probe, plan: 
                         length=probe.length, batch_size=spec.batch_size, build_workers=plan.build_workers)
 
 
-def _finish(study: optuna.Study, space: Space, runner: Any, plan: Plan, probe: Probe, hw: dict[str, Any],
-            limits: Limits, opts: SearchOptions, started: float, progress: _Progress, costs: FactoryCosts) -> Outcome:
-    default = space.default()
-    finalists = _best_distinct(study, opts.finalists)
-    configs = [LoaderConfig.from_json(t.user_attrs["config"]) for t in finalists]
-    if default not in configs:
-        configs.append(default)
-    figures: dict[LoaderConfig, list[Measurement]] = {c: [] for c in configs}
-    failed_finalists: dict[LoaderConfig, str] = {}
-    cost = {t.user_attrs.get("config_key"): t.duration.total_seconds()
-            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if t.duration}
-    typical = statistics.median(cost.values()) if cost else plan.batch_timeout / 10
-    round_cost = sum(cost.get(c.key(), typical) for c in configs)
-    remaining = opts.budget - (time.monotonic() - started)
-    rounds = max(1, min(ROUNDS, int(remaining / max(round_cost, 1e-3))))
-    for r in range(rounds):
-        order = configs[r % len(configs):] + configs[: r % len(configs)]  # rotate: A B C, B C A, ...
-        for config in order:
-            if config in failed_finalists:
-                continue
-            try:
-                figures[config].append(runner.run(config, plan, timeout=plan.batch_timeout))
-            except TrialFailed as exc:  # a finalist that fails now (timeout, memory) is out, not fatal
-                failed_finalists[config] = str(exc)
-            progress.update(f"finalists round {r + 1}/{rounds}")
-    runs = _pool_runs(study, figures, failed_finalists, limits.notes)
-    return _outcome(study, runs, failed_finalists, default, plan, probe, hw, limits, opts, started,
-                    "interleaved re-measurement", costs)
-
-
 _RUNS_PREFIX = "finalist-runs:"  # a study attribute per search: its finalists' re-measurements
 
 
@@ -472,89 +559,3 @@ def _pooled_runs(study: optuna.Study, extra: dict[str, list[dict[str, Any]]] | N
         for key, results in read.items():
             pooled.setdefault(key, []).extend(results)
     return {LoaderConfig.from_json(json.loads(k)): v for k, v in pooled.items()}
-
-
-def _from_study(study: optuna.Study, space: Space, plan: Plan, probe: Probe, hw: dict[str, Any], limits: Limits,
-                opts: SearchOptions, started: float, costs: FactoryCosts) -> Outcome:
-    """The recipe from what the study holds, without measuring anything: every search's finalist runs, and
-    the trials' own figures for configurations no search re-measured (``--resume-only``)."""
-    default = space.default()
-    runs = _pooled_runs(study)
-    from_trials: dict[LoaderConfig, list[Measurement]] = {}
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        result = _trial_result(study, t)
-        if result is not None:
-            from_trials.setdefault(LoaderConfig.from_json(t.user_attrs["config"]), []).append(result)
-    for config, results in from_trials.items():
-        runs.setdefault(config, results)
-    if not runs:
-        raise AutotuneError(
-            f"The study {study.study_name} holds no measured trial yet; run `autotune search` without "
-            "--resume-only first (on any node sharing this --storage)."
-        )
-    return _outcome(study, runs, {}, default, plan, probe, hw, limits, opts, started, "the shared study's figures",
-                    costs)
-
-
-def _outcome(study: optuna.Study, runs: dict[LoaderConfig, list[Measurement]],
-             failed_finalists: dict[LoaderConfig, str], default: LoaderConfig, plan: Plan, probe: Probe,
-             hw: dict[str, Any], limits: Limits, opts: SearchOptions, started: float, how: str,
-             costs: FactoryCosts) -> Outcome:
-    """The winner among the measured configurations (lowest median whole run, the default on a tie), each
-    figure learned from the factory's validated runs where they stand for it (tuner/_factory_costs.py)."""
-    medians = {c: Measurement.median(v) for c, v in runs.items() if v}
-    notes = list(limits.notes)
-    if default not in medians:
-        # The default failed its re-measurement (a timeout on a loaded machine) but the loop measured it:
-        # its figure from the loop still anchors the A/B check.
-        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-        mine = [t for t in done if t.user_attrs.get("config_key") == default.key()]
-        loop = [r for r in (_trial_result(study, t, notes) for t in mine) if r is not None]
-        if loop:
-            medians[default] = Measurement.median(loop)
-            notes.append(f"the plain default failed its re-measurement ({failed_finalists.get(default, '')}); "
-                         "its figure comes from the search's own trial")
-    learned: dict[LoaderConfig, str] = {}
-    for config, figure in medians.items():
-        medians[config], note = costs.learned(config, figure)
-        if note:
-            learned[config] = note
-    if default not in medians:
-        reason = failed_finalists.get(default, "it was not measured")
-        raise AutotuneError(
-            f"Even the plain default (num_workers=0, no cache) could not be measured: {reason}. "
-            "Fix that first (a larger --max-memory, a dataset that loads in the main process)."
-        )
-    winner = min(medians, key=lambda c: (medians[c].total_seconds, c != default, c.key()))
-    is_default = winner == default
-    notes.extend(learned[c] for c in dict.fromkeys((winner, default)) if c in learned)
-    note = f"fastest candidate in {how}" if not is_default else ""
-    if is_default and len(medians) > 1:
-        note = "no candidate beat the plain default in the interleaved A/B check; the recipe is the default"
-    elif is_default:
-        note = "the plain default is the only candidate that could be measured"
-    trials = study.get_trials(deepcopy=False)
-    states = optuna.trial.TrialState
-    return Outcome(
-        config=winner,
-        figures=medians[winner],
-        default_figures=medians[default],
-        is_default=is_default,
-        note=note,
-        trials=sum(1 for t in trials if not t.user_attrs.get("repeat") and t.state not in (states.RUNNING,
-                                                                                              states.WAITING)),
-        failed=[t.user_attrs.get("reason", "") for t in trials if t.state == states.FAIL],
-        pruned=sum(1 for t in trials if t.state == states.PRUNED),
-        search_seconds=time.monotonic() - started,
-        plan=plan,
-        probe=probe,
-        hardware=hw,
-        notes=notes,
-        finalists=[
-            Finalist(c, tuple(f.total_seconds for f in runs.get(c, [])))
-            for c in sorted((c for c in runs if runs[c]), key=lambda c: medians[c].total_seconds)
-            [:max(opts.finalists, 1) + 1]
-        ] + [Finalist(c, ()) for c in failed_finalists],  # failed when measured again
-        study={"name": study.study_name, "storage": _storage_url(opts)},
-    )
-

@@ -1,0 +1,80 @@
+"""A deadline for the reads autotune makes of the user's data in its own process.
+
+A read in the main thread cannot be interrupted safely (a dead network mount blocks in the kernel, an
+endless loop holds the interpreter), so a thread watches it instead: when a read outlives its allowance, or
+the deadline passes while one runs, the thread prints one line naming what was being read and ends the
+process with exit 2. Every read inside ``guarded`` is watched; ``reading`` names the one under way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+EXIT_CODE = 2
+
+_lock = threading.Lock()
+_reads: list[tuple[str, float]] = []  # what is being read now, innermost last, with when it started
+_armed: list[tuple[float, float, str]] = []  # (deadline, longest one read may take, the fix to name)
+
+
+@contextlib.contextmanager
+def reading(what: str) -> Iterator[None]:
+    """Mark ``what`` ("dataset[17]", "len(dataset)") as being read, for the watchdog's message."""
+    with _lock:
+        _reads.append((what, time.monotonic()))
+    try:
+        yield
+    finally:
+        with _lock:
+            _reads.pop()
+
+
+def _overdue(now: float) -> str | None:
+    with _lock:
+        if not _armed or not _reads:
+            return None
+        deadline, per_read, fix = _armed[-1]
+        what, started = _reads[-1]
+    running = now - started
+    if now >= deadline:
+        when = "when the budget ran out"
+    elif running >= per_read:
+        when = "(the longest one read may take, a quarter of the budget)"
+    else:
+        return None
+    return (f"{what} had not returned after {running:.0f} s {when}: a read that hangs (a dead network mount, a "
+            f"lock, an endless loop in __getitem__), a very slow one, or a budget too small for this machine; "
+            f"{fix}")
+
+
+def _watch(stop: threading.Event) -> None:
+    while not stop.wait(0.1):
+        problem = _overdue(time.monotonic())
+        if problem is not None:
+            try:
+                print(f"autotune: error: {problem}", file=sys.stderr, flush=True)
+            finally:
+                os._exit(EXIT_CODE)  # the read holds the main thread: nothing else can end it
+
+
+@contextlib.contextmanager
+def guarded(deadline: float, per_read: float, fix: str = "fix that read, or pass a larger --budget") -> Iterator[None]:
+    """Watch the reads inside this block: none may run past ``deadline`` (time.monotonic()) nor take longer
+    than ``per_read`` seconds. Nested blocks use the innermost deadline."""
+    with _lock:
+        _armed.append((deadline, per_read, fix))
+    stop = threading.Event()
+    thread = threading.Thread(target=_watch, args=(stop,), name="autotune-watchdog", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        with _lock:
+            _armed.pop()

@@ -1,0 +1,183 @@
+"""How a search runs: ``SearchOptions`` is the one place its options and their defaults are written.
+
+`autotune search`'s flags (``cli/_search.py``) and ``autotune.search()``'s keywords (``SearchKeywords``)
+are built from the fields whose metadata carries a ``help``; each value is checked here, in one way, whether
+it came from a flag (text: "2m", "8G", "memory,pickle") or from Python (2.5, 8 << 30, ("memory",)).
+
+The budget is a wall: the trials and the reads of preparation end with the budget, the finalists' interleaved
+re-measurement may take ``finalists_share`` more (stated in ``--help``), and then the search returns.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypedDict
+
+from autotune._units import format_seconds, parse_duration
+from autotune.errors import AutotuneError
+from autotune.recipe._factory_runs import FactoryRun
+
+FINALISTS_SHARE = 0.25  # of the budget, at least FINALISTS_MIN_S: the finalists' re-measurement after it
+FINALISTS_MIN_S = 5.0
+
+
+def _user(help: str, flag: str | None = None) -> dict[str, Any]:
+    """Metadata of an option the user sets: a flag of `autotune search` and a keyword of autotune.search()."""
+    return {"help": help, "flag": flag}
+
+
+@dataclass
+class SearchOptions:
+    budget: float = field(default=120.0, metadata=_user(
+        "time budget of the search, e.g. 90s, 2m, 1h; the finalists' re-measurement may add "
+        f"{FINALISTS_SHARE * 100:.0f}%% of it (at least {FINALISTS_MIN_S:.0f} s), then the search returns"))
+    workdir: Path = field(default=Path(".autotune"), metadata=_user("where studies, logs and trial caches live"))
+    storage: str | None = field(default=None, metadata=_user(
+        "Optuna storage URL shared by a fleet, e.g. postgresql://USER@HOST/DB (default: an SQLite file in "
+        "the work folder)"))
+    seed: int = field(default=0, metadata=_user("seed of the sampler and the measured subset"))
+    caches: tuple[str, ...] | None = field(default=None, metadata=_user(
+        "cache backends to consider, comma-separated, or 'none' (default: all that fit)"))
+    max_memory: int | None = field(default=None, metadata=_user(
+        "memory budget of a candidate, e.g. 8G (default 70%% of available)"))
+    max_workers: int | None = field(default=None, metadata=_user("upper bound of num_workers (default: usable CPUs)"))
+    ranks_per_node: int = field(default=1, metadata=_user("training processes sharing this machine"))
+    data_dir: str | None = field(default=None, metadata=_user(
+        "folder of the dataset's files, evicted for cold reads (default: the files dataset[i] opens)"))
+    progress: bool = field(default=True, metadata=_user("no progress bar", flag="--no-progress"))
+    resume_only: bool = field(default=False, metadata=_user(
+        "measure nothing: write the recipe from what the study (--storage, shared by a fleet) holds"))
+    allocators: tuple[str, ...] | None = None
+    finalists: int = 3
+    max_trials: int | None = None  # stop after this many trials even with budget left (Optuna's n_trials)
+    trial_seconds: float | None = None  # target time of one default trial; derived from the budget
+    trial_timeout: float | None = None  # a trial still running after this is killed; derived, capped by the budget
+    sampler: Any = None  # an Optuna sampler instead of the seeded TPE (the benchmarks compare RandomSampler)
+    # what the factory cost, by hardware fingerprint: the recipe file's factory_runs (recipe/_factory_runs.py)
+    factory_runs: dict[str, tuple[FactoryRun, ...]] = field(default_factory=dict)
+    # when the budget's clock started (time.monotonic()); None: when the search starts. The command line
+    # starts it with the process, so the wall it promises is the one the user times.
+    started: float | None = None
+
+    def __post_init__(self) -> None:
+        budget = parse_duration(self.budget)
+        if not math.isfinite(budget):
+            raise AutotuneError(f"--budget must be a finite duration such as 90s, 2m or 1h, but got {self.budget!r}.")
+        self.budget = budget
+        self.workdir = Path(self.workdir)
+        if self.workdir.exists() and not self.workdir.is_dir():
+            raise AutotuneError(f"--workdir {self.workdir} is a file, not a folder; pass a folder (default .autotune).")
+        if isinstance(self.caches, str):
+            self.caches = parse_caches(self.caches)
+        elif self.caches is not None:
+            self.caches = parse_caches(",".join(self.caches))
+        if isinstance(self.max_memory, str):
+            self.max_memory = parse_size(self.max_memory)
+        elif self.max_memory is not None and (isinstance(self.max_memory, bool) or self.max_memory < 1 << 20):
+            raise AutotuneError(f"max_memory must be a size in bytes of at least 1 MiB, but got {self.max_memory!r}.")
+        for name, least in (("max_workers", 0), ("ranks_per_node", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+                raise AutotuneError(f"--{name.replace('_', '-')} must be an integer of at least {least}, "
+                                    f"but got {value!r}.")
+        if self.storage is not None:
+            from autotune.tuner._storage import check_url
+
+            check_url(self.storage)
+
+    @property
+    def finalists_seconds(self) -> float:
+        """What the finalists' re-measurement may add to the budget."""
+        return max(FINALISTS_MIN_S, FINALISTS_SHARE * self.budget)
+
+    def clock(self) -> Clock:
+        return Clock(self.started if self.started is not None else time.monotonic(), self.budget,
+                     self.finalists_seconds)
+
+
+@dataclass(frozen=True)
+class Clock:
+    """The search's deadlines: trials and preparation end at ``budget_end``, everything at ``wall``."""
+
+    start: float
+    budget: float
+    finalists_seconds: float
+
+    @property
+    def budget_end(self) -> float:
+        return self.start + self.budget
+
+    @property
+    def wall(self) -> float:
+        return self.budget_end + self.finalists_seconds
+
+    @property
+    def read_allowance(self) -> float:
+        """The longest one read of the user's data may take before it counts as hung."""
+        return max(5.0, self.budget / 4)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def left(self, until: float | None = None) -> float:
+        """Seconds to ``until`` (the wall by default), never below zero."""
+        return max(0.0, (self.wall if until is None else until) - time.monotonic())
+
+    def promise(self) -> str:
+        return (f"within {format_seconds(self.budget)} plus {format_seconds(self.finalists_seconds)} for the "
+                "finalists")
+
+
+class SearchKeywords(TypedDict, total=False):
+    """autotune.search()'s keywords: the user fields of SearchOptions (tests/test_search_options.py keeps
+    the two the same)."""
+
+    budget: str | float
+    workdir: str | Path
+    storage: str | None
+    seed: int
+    caches: tuple[str, ...] | str | None
+    max_memory: int | str | None
+    max_workers: int | None
+    ranks_per_node: int
+    data_dir: str | None
+    progress: bool
+    resume_only: bool
+
+
+def user_fields() -> list[Any]:
+    """The options a user sets, in their order: `autotune search`'s flags and autotune.search()'s keywords."""
+    return [f for f in fields(SearchOptions) if "help" in f.metadata]
+
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+             "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+    raw = text.strip().lower().replace(" ", "")
+    number = raw.rstrip("kmgtib")
+    unit = raw[len(number):]
+    try:
+        value = float(number) * units[unit]
+    except (ValueError, KeyError):
+        raise AutotuneError(f"Memory size must look like 8G, 512M or 2GiB, but got {text!r}.") from None
+    if not math.isfinite(value):
+        raise AutotuneError(f"Memory size must be a finite size such as 8G or 512M, but got {text!r}.")
+    if value <= 0:
+        raise AutotuneError(f"Memory size must be positive, but got {text!r}.")
+    if value < 1 << 20:
+        raise AutotuneError(f"Memory size {text!r} is under 1 MiB, too small for a DataLoader; give a unit, "
+                            "e.g. 512M or 8G.")
+    return int(value)
+
+
+def parse_caches(text: str) -> tuple[str, ...]:
+    from autotune.caches import backend_names
+
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for name in names:
+        if name != "none" and name not in backend_names():
+            raise AutotuneError(f"Unknown cache backend {name!r}. Valid backends: none, {', '.join(backend_names())}.")
+    return names

@@ -1,0 +1,49 @@
+"""A dataset that hangs gets one line naming the read that hung and exit 2, within the budget: every read
+autotune makes of the user's data in its own process runs under the watchdog (dataset/_watchdog.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.timeout(180)
+
+HANGS = """
+import time
+import torch
+from torch.utils.data import Dataset
+
+HANG = {hang}
+
+class Hangs(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        if HANG is None or i == HANG:
+            time.sleep(10 ** 6)  # a dead network mount
+        return torch.full((4,), float(i))
+
+dataset = Hangs()
+batch_size = 8
+"""
+
+
+def _search(tmp_path, hang, budget="20s"):
+    (tmp_path / "hangs.py").write_text(textwrap.dedent(HANGS.format(hang=hang)))
+    return subprocess.run([sys.executable, "-m", "autotune", "search", "hangs.py", "--budget", budget, "--no-progress"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=150)
+
+
+@pytest.mark.parametrize("hang, index", [(None, 0), (63, 63)])
+def test_a_hanging_read_is_one_line_naming_the_index_and_exit_2(tmp_path, hang, index):
+    """Every index hanging (the file's first sample) and only the last one (the determinism check reads it).
+    On 9eac6c3 both ran on with no output (180 s and more for a 20 s budget)."""
+    run = _search(tmp_path, hang)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.count("\n") == 1, run.stderr
+    assert f"autotune: error: dataset[{index}] had not returned after " in run.stderr
+    assert "a read that hangs" in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "autotune.json").exists()

@@ -1,0 +1,97 @@
+"""SearchOptions is the one home of a search's options: `autotune search`'s flags and autotune.search()'s
+keywords are built from it and are the same set; each value is checked there, whichever road it came by;
+autotune.search() leaves the multiprocessing start method as it found it."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import textwrap
+import typing
+
+import pytest
+
+import autotune
+from autotune.cli._main import build_parser
+from autotune.errors import AutotuneError
+from autotune.tuner._options import SearchKeywords, SearchOptions, user_fields
+
+
+def _search_parser():
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return sub.choices["search"]
+
+
+def test_the_cli_and_the_api_offer_the_same_options_with_one_set_of_defaults():
+    """On 9eac6c3 autotune.search() lacked max_workers, ranks_per_node and data_dir."""
+    names = {f.name for f in user_fields()}
+    assert {"budget", "max_workers", "ranks_per_node", "data_dir", "storage", "caches"} <= names
+    flags = {a.dest for a in _search_parser()._actions}
+    assert names <= flags
+    assert set(typing.get_type_hints(SearchKeywords)) == names
+    api = inspect.signature(autotune.search).parameters
+    assert api["options"].kind is inspect.Parameter.VAR_KEYWORD  # typed by SearchKeywords
+    # no flag has a default of its own: an unset flag is SearchOptions' default
+    args = _search_parser().parse_args(["x.py"])
+    assert all(getattr(args, n) is None for n in names)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"budget": "inf"}, "--budget must be a finite duration"),
+    ({"budget": "soon"}, "Budget must be a duration"),
+    ({"max_memory": "0.5"}, "under 1 MiB"),
+    ({"max_memory": 10}, "at least 1 MiB"),
+    ({"caches": "memory,tape"}, "Unknown cache backend 'tape'"),
+    ({"caches": ("tape",)}, "Unknown cache backend 'tape'"),
+    ({"max_workers": -1}, "--max-workers must be an integer of at least 0"),
+    ({"ranks_per_node": 0}, "--ranks-per-node must be an integer of at least 1"),
+    ({"storage": "sqlite:///:memory:"}, "in-memory SQLite database"),
+    ({"storage": "sqlite://"}, "in-memory SQLite database"),
+    ({"storage": "sqlite:///file::memory:?cache=shared"}, "in-memory SQLite database"),
+    ({"storage": "studies.db"}, "is not a database URL"),
+])
+def test_each_option_is_checked_in_one_place(kw, message):
+    with pytest.raises(AutotuneError, match=message.replace("(", r"\(").replace("?", r"\?")):
+        SearchOptions(**kw)
+
+
+def test_text_and_python_values_read_the_same():
+    a = SearchOptions(budget="1m30s", max_memory="2G", caches="memory, pickle")
+    b = SearchOptions(budget=90, max_memory=2 << 30, caches=("memory", "pickle"))
+    assert (a.budget, a.max_memory, a.caches) == (b.budget, b.max_memory, b.caches) == (90.0, 2 << 30,
+                                                                                        ("memory", "pickle"))
+
+
+def test_the_finalists_share_is_stated_in_help():
+    text = _search_parser().format_help()
+    assert "finalists' re-measurement may add 25% of it (at least 5 s)" in " ".join(text.split())
+    clock = SearchOptions(budget=100).clock()
+    assert clock.wall - clock.budget_end == 25.0
+    clock = SearchOptions(budget=8).clock()
+    assert clock.wall - clock.budget_end == 5.0
+
+
+def test_an_in_memory_storage_is_refused_by_the_cli_with_one_line(tmp_path):
+    (tmp_path / "tiny.py").write_text("dataset = list(range(16))\n")
+    run = subprocess.run([sys.executable, "-m", "autotune", "search", "tiny.py", "--storage", "sqlite:///:memory:",
+                          "--no-progress"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("\n") == 1 and "in-memory SQLite database" in run.stderr
+
+
+def test_search_leaves_the_start_method_unset_as_it_found_it(tmp_path):
+    """On 9eac6c3 a search fixed the default context (fork): the caller's set_start_method then raised."""
+    code = textwrap.dedent(f"""
+        import multiprocessing, sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        import torch, autotune
+        assert multiprocessing.get_start_method(allow_none=True) is None
+        autotune.search(torch.arange(64.0).reshape(32, 2), batch_size=8, epochs=1, budget=3, output=None,
+                        workdir={str(tmp_path / 'w')!r}, progress=False, caches="none", max_workers=0)
+        assert multiprocessing.get_start_method(allow_none=True) is None, multiprocessing.get_start_method()
+        multiprocessing.set_start_method("spawn")  # the caller's choice is still theirs
+        print("ok")
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=200)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
