@@ -21,6 +21,7 @@ from autotune.machine._memory_limit import JobMemory
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.recipe._measured import Measured
 from autotune.recipe._memory_fit import fit_memory
+from autotune.recipe._records import DatasetRecord, RunSettings
 from autotune.tuner._candidates import Limits, build_space, partial_shares
 from autotune.tuner._space import Space
 
@@ -299,8 +300,8 @@ def test_ranks_on_the_node_share_the_budget():
 
 
 def _profile(config: LoaderConfig, peak: int | None = None, plain: int | None = None) -> Profile:
-    return Profile(hardware=hardware.collect(), dataset={"source": "<python object>", "length": 37},
-                   settings={"batch_size": 4, "epochs": 2}, config=config, measured=measured(peak, plain))
+    return Profile(hardware=hardware.collect(), dataset=DatasetRecord(source="<python object>", length=37),
+                   settings=RunSettings(batch_size=4, epochs=2), config=config, measured=measured(peak, plain))
 
 
 def test_the_factory_reads_a_partial_recipe_exactly(tmp_path):
