@@ -33,7 +33,7 @@ from autotune.tuner._measure import Plan
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._options import Clock, SearchOptions
 from autotune.tuner._preparation import Setup, prepare, with_subset
-from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, warm_forkserver
+from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, TrialRunner, warm_forkserver
 from autotune.tuner._space import Space
 
 SEARCH_SHARE = 0.7  # of the budget; the rest re-measures the finalists interleaved
@@ -121,7 +121,8 @@ class _Progress:
             self.bar.close()
 
 
-def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None, runner: Any = None) -> Outcome:
+def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None,
+           runner: TrialRunner | None = None) -> Outcome:
     """Tune ``spec``. ``setup`` and ``runner`` default to the real preparation and trial processes;
     the search-core tests pass their own, to run the loop in memory. Optuna's log level and the warning
     filters are the caller's again when it returns.
@@ -141,7 +142,8 @@ class Search:
     setup and runner, the factory's learned costs, and what the loop counted. Its steps read and write
     these instead of passing a dozen arguments and counters between functions."""
 
-    def __init__(self, spec: UserSpec, opts: SearchOptions, setup: Setup | None = None, runner: Any = None):
+    def __init__(self, spec: UserSpec, opts: SearchOptions, setup: Setup | None = None,
+                 runner: TrialRunner | None = None):
         self.spec, self.opts = spec, opts
         self.clock: Clock = opts.clock()
         self.url = _storage_url(opts)
@@ -159,7 +161,7 @@ class Search:
             warm_forkserver()
         self.setup = self._setup or prepare(self.spec, self.opts, self.clock)
         setup = self.setup
-        self.runner = self._runner or Runner(setup.workload, self.spec.sys_path,
+        self.runner: TrialRunner = self._runner or Runner(setup.workload, self.spec.sys_path,
                                              memory_limit=setup.limits.memory_budget, ranks=setup.ranks)
         if setup.plan.cache_root:
             removed = remove_leftovers(setup.plan.cache_root)
