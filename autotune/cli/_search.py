@@ -92,8 +92,10 @@ def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
     lines.append(
         f"  whole run ({recipe.profile.settings['epochs']} epochs"
         f"{', cache build included' if recipe.config.cache else ''}): {format_seconds(total)} vs "
-        f"{format_seconds(d_total)}: {m.speedup or 1.0:.2f}x faster"
+        f"{format_seconds(d_total)}: {m.speedup_text()}"
     )
+    if m.noisy:
+        lines.append(f"  warning: {m.noisy}")
     ranks = recipe.profile.ranks_per_node
     together = f", the {ranks} ranks together" if ranks > 1 else ""
     lines.append(f"  peak memory (main + workers{together}, PSS): {format_bytes(m.peak_memory_bytes or 0)}")
