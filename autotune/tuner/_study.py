@@ -212,8 +212,13 @@ class Search:
         seen = {t.user_attrs.get("config_key")
                 for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
         for prior in _priors(space, default):
-            if prior.key() not in seen:
-                self.study.enqueue_trial(space.params_for(prior), skip_if_exists=True)
+            if prior.key() in seen:
+                continue
+            try:
+                params = space.params_for(prior)
+            except ValueError:
+                continue  # not in this space (a memory cache that fits only in part): the sampler explores it
+            self.study.enqueue_trial(params, skip_if_exists=True)
 
     # -- the loop ---------------------------------------------------------------------------------------
 
