@@ -26,6 +26,7 @@ from autotune.config import LoaderConfig
 from autotune.machine import _hardware as hardware
 from autotune.recipe._factory import cache_location
 from autotune.recipe._file import Profile, RecipeFile
+from autotune.recipe._records import DatasetRecord, RunSettings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -126,8 +127,8 @@ def private_cache_root(tmp_path, monkeypatch):
 def write_recipe(path, backend, workers=0, context=None, source="tests/test_caches_identity.py:train"):
     config = LoaderConfig.fitted(num_workers=workers, multiprocessing_context=context if workers else None,
                                  persistent_workers=bool(workers), cache=backend)
-    profile = Profile(hardware=hardware.collect(), dataset={"source": source, "length": 12, "fingerprint": "x"},
-                      settings={"batch_size": 4, "epochs": 2}, config=config)
+    profile = Profile(hardware=hardware.collect(), dataset=DatasetRecord(source=source, length=12, fingerprint="x"),
+                      settings=RunSettings(batch_size=4, epochs=2), config=config)
     RecipeFile.merge_write(path, profile)
     return path
 

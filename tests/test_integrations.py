@@ -25,6 +25,7 @@ from autotune.cli import main
 from autotune.config import LoaderConfig
 from autotune.machine import _hardware as hardware
 from autotune.recipe._file import Profile, RecipeFile
+from autotune.recipe._records import DatasetRecord, RunSettings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -65,8 +66,8 @@ def _labels(loader, key=1) -> collections.Counter:
 
 
 def _recipe(path: Path, config: LoaderConfig, batch_size: int = 8) -> Path:
-    profile = Profile(hardware=hardware.collect(), dataset={"source": "<test>", "length": 40, "fingerprint": "x"},
-                      settings={"batch_size": batch_size, "epochs": 2}, config=config)
+    profile = Profile(hardware=hardware.collect(), dataset=DatasetRecord(source="<test>", length=40, fingerprint="x"),
+                      settings=RunSettings(batch_size=batch_size, epochs=2), config=config)
     RecipeFile.merge_write(path, profile)
     return path
 
@@ -212,13 +213,13 @@ def test_trainer_arguments_carry_the_loader_settings_and_name_the_rest():
     config = LoaderConfig(num_workers=3, prefetch_factor=4, persistent_workers=True, pin_memory=True,
                           multiprocessing_context="spawn", worker_threads=2, main_threads=1, cache="pickle",
                           allocator="jemalloc")
-    profile = Profile(hardware=hardware.collect(), dataset={}, settings={"batch_size": 8}, config=config)
+    profile = Profile(hardware=hardware.collect(), dataset=DatasetRecord(), settings=RunSettings(batch_size=8), config=config)
     args, lost = autotune.Recipe(profile).trainer_arguments()
     assert args == {"dataloader_num_workers": 3, "dataloader_pin_memory": True,
                     "dataloader_persistent_workers": True, "dataloader_prefetch_factor": 4}
     assert [line.split("=")[0] for line in lost] == ["cache", "multiprocessing_context", "allocator", "main_threads",
                                                      "worker_threads"]
-    plain = Profile(hardware=hardware.collect(), dataset={}, settings={}, config=LoaderConfig())
+    plain = Profile(hardware=hardware.collect(), dataset=DatasetRecord(), settings=RunSettings(), config=LoaderConfig())
     args, lost = autotune.Recipe(plain).trainer_arguments()
     assert args == {"dataloader_num_workers": 0, "dataloader_pin_memory": False,
                     "dataloader_persistent_workers": False, "dataloader_prefetch_factor": None}

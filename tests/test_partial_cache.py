@@ -21,6 +21,7 @@ from autotune.machine._memory_limit import JobMemory
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.recipe._measured import Measured
 from autotune.recipe._memory_fit import fit_memory
+from autotune.recipe._records import DatasetRecord, RunSettings
 from autotune.tuner._candidates import Limits, build_space, partial_shares
 from autotune.tuner._space import Space
 
@@ -176,6 +177,49 @@ def test_the_space_offers_a_partial_memory_cache_when_the_whole_does_not_fit():
         whole.params_for(LoaderConfig(cache="memory", cache_share=0.25))
 
 
+@pytest.mark.parametrize("shares", [(0.3,), (0.3, 0.15)])
+def test_the_searchs_first_points_lie_in_a_space_with_a_partial_cache(shares):
+    from autotune.tuner._study import _priors
+
+    space = Space(max_workers=2, caches=(None, "memory", "pickle"), cache_shares=shares,
+                  cache_fills=("build", "first_epoch"), allocators=("glibc", "glibc-tuned"))
+    priors = _priors(space, space.default())
+    assert [p.cache_share for p in priors if p.cache == "memory"] == [0.3, 0.3]  # the most that fits
+    for prior in priors:
+        assert space.suggest(_replay(space, prior)) == prior
+
+
+def _replay(space, config):
+    from autotune.tuner._space import _Replay
+
+    space.params_for(config)  # raises where the point is outside the space
+    return _Replay(config)
+
+
+def test_a_memory_cache_is_left_out_when_not_even_one_percent_fits():
+    from autotune.dataset._probe import Probe
+
+    fields = {f: None for f in Probe.__dataclass_fields__}
+    probe = Probe(**{**fields, "length": 2000, "sample_bytes": 570_000.0, "deterministic": True,
+                     "determinism_note": ""})
+    limits = Limits(usable_cpus=1, memory_budget=600 * MIB, disk_free=100 * GIB, process_memory=595 * MIB,
+                    caches=("memory",), allocators=("glibc",))
+    space = build_space(probe, limits)
+    assert space.caches == (None,) and space.cache_shares == ()
+    assert any(n.startswith("cache memory left out: needs ~") and "--max-memory" in n for n in limits.notes)
+
+
+def test_the_search_names_the_limit_its_budget_comes_from():
+    from autotune.tuner._preparation import _note_limit
+
+    limits = Limits(usable_cpus=1, memory_budget=677 * MIB, disk_free=GIB)
+    _note_limit(limits, job(967 * MIB))
+    assert limits.notes == ["memory budget: 677.0 MiB, 70% of what the cgroup memory limit of 1.2 GiB "
+                            "(/sys/fs/cgroup/memory/job/memory.limit_in_bytes) leaves this job now"]
+    _note_limit(limits, job(967 * MIB, limit=None))
+    assert len(limits.notes) == 1  # the host's memory: nothing to say
+
+
 def test_one_share_is_fixed_not_asked():
     space = Space(max_workers=0, caches=(None, "memory"), cache_shares=(0.3,))
     assert "cache_share" not in space.params_for(LoaderConfig(cache="memory", cache_share=0.3))
@@ -256,8 +300,8 @@ def test_ranks_on_the_node_share_the_budget():
 
 
 def _profile(config: LoaderConfig, peak: int | None = None, plain: int | None = None) -> Profile:
-    return Profile(hardware=hardware.collect(), dataset={"source": "<python object>", "length": 37},
-                   settings={"batch_size": 4, "epochs": 2}, config=config, measured=measured(peak, plain))
+    return Profile(hardware=hardware.collect(), dataset=DatasetRecord(source="<python object>", length=37),
+                   settings=RunSettings(batch_size=4, epochs=2), config=config, measured=measured(peak, plain))
 
 
 def test_the_factory_reads_a_partial_recipe_exactly(tmp_path):
@@ -270,6 +314,22 @@ def test_the_factory_reads_a_partial_recipe_exactly(tmp_path):
     expected = [default_collate([dataset[i] for i in range(k, min(k + 4, 37))]) for k in range(0, 37, 4)]
     for _ in range(2):
         assert all(samples_equal(a, b) for a, b in zip(list(loader), expected, strict=True))
+
+
+def test_the_factory_reports_every_setting_the_fit_changed(tmp_path, recwarn):
+    # Workers whose memory (a TiB over the plain default, as recorded) cannot fit: none, and the settings
+    # the loader reports are the ones it was built with.
+    path = tmp_path / "autotune.json"
+    config = LoaderConfig(num_workers=2, prefetch_factor=4, persistent_workers=True, multiprocessing_context="fork")
+    RecipeFile.merge_write(path, _profile(config, peak=(1 << 40) + GIB, plain=GIB))
+    loader = autotune.load(path).dataloader(Numeric(), progress=False)
+    assert loader.num_workers == 0
+    res = loader.autotune
+    assert res.settings["num_workers"] == 0 and res.sources["num_workers"] == "fitted to the memory limit"
+    assert res.settings["prefetch_factor"] is None and res.settings["persistent_workers"] is False
+    assert sum("0 workers instead of 2" in str(w.message) for w in recwarn) == 1
+    chosen = autotune.load(path).dataloader(Numeric(), progress=False, num_workers=2)  # the caller's: kept
+    assert chosen.num_workers == 2 and chosen.autotune.sources["num_workers"] == "caller"
 
 
 def test_the_factory_fits_a_recipe_tuned_with_more_memory(tmp_path, recwarn):

@@ -52,3 +52,20 @@ def test_a_partial_memory_cache_on_a_subset_reports_its_share_of_the_whole(fill)
     assert figures.measured_samples == 50
     # 15 of the subset's 50 samples held: 300 of the whole run's 1000, not all of them
     assert 300 * MIB <= figures.peak_memory_bytes < 1000 * MIB
+
+
+@pytest.mark.timeout(120)
+def test_a_candidate_whose_whole_run_is_over_the_budget_fails():
+    # The subset's trial holds 50 MiB of cache and fits 900 MiB; the whole run would hold 1000 MiB. The search
+    # must never pick it: where the budget is a job's limit, the recipe would be OOM-killed.
+    from pathlib import Path
+
+    from autotune.tuner._runner import Runner, TrialFailed
+
+    runner = Runner(Workload(dataset=MebibyteRows(), batch_size=10, epochs=1), [str(Path(__file__).parent)],
+                    memory_limit=900 * MIB)
+    plan = Plan(indices=list(range(0, 1000, 20)), length=1000, epochs_measured=1)
+    with pytest.raises(TrialFailed, match=r"its whole run needs 1\.\d GiB .*over the memory budget of 900\.0 MiB"):
+        runner.run(LoaderConfig(cache="memory"), plan, timeout=90)
+    fits = runner.run(LoaderConfig(cache="memory", cache_share=0.3), plan, timeout=90)
+    assert fits.peak_memory_bytes <= 900 * MIB

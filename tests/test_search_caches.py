@@ -43,12 +43,20 @@ def test_random_samples_leave_every_cache_out(tmp_path):
     assert cache_params(outcome) == {None}
 
 
-def test_a_cache_that_does_not_fit_is_left_out_with_its_reason(tmp_path):
-    budget = 800 << 20  # room for a trial process, not for 1000 MiB of cached samples
-    _, outcome = search_spec(spec_for(Megabytes(1000)), opts(tmp_path, 6, max_memory=budget, max_workers=0,
+def test_a_memory_cache_that_does_not_fit_is_tried_partial(tmp_path):
+    budget = 800 << 20  # room for a trial process and part of the 1000 MiB of samples, not all of them
+    _, outcome = search_spec(spec_for(Megabytes(1000)), opts(tmp_path, 30, max_memory=budget, max_workers=0,
                                                              caches=("memory",)), None)
-    assert any(n.startswith("cache memory left out: needs ~") and "--max-memory" in n for n in outcome.notes)
-    assert "memory" not in cache_params(outcome)
+    (note,) = [n for n in outcome.notes if n.startswith("cache memory of the whole dataset left out: needs ~")]
+    assert "--max-memory" in note and "of the samples is tried instead" in note
+    storage = outcome.study["storage"]
+    study = optuna.load_study(study_name=outcome.study["name"], storage=storage)
+    drawn = [t.user_attrs["config"] for t in study.trials if "config" in t.user_attrs]
+    cached = [c for c in drawn if c["cache"] == "memory"]
+    assert cached and all(0 < c.get("cache_share", 1) < 1 for c in cached), drawn  # never the whole
+    if outcome.config.cache == "memory":
+        assert 0 < outcome.config.cache_share < 1
+        assert outcome.figures.peak_memory_bytes <= budget
 
 
 def test_restricting_the_caches(tmp_path):

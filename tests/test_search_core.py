@@ -4,6 +4,7 @@ checked with optuna's FixedTrial. Seconds, not searches."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import optuna
@@ -20,7 +21,7 @@ from autotune.tuner._measure import Plan, Workload
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._predict import Prediction
 from autotune.tuner._preparation import Setup
-from autotune.tuner._runner import TrialFailed
+from autotune.tuner._runner import Runner, TrialFailed, TrialRunner
 from autotune.tuner._space import Space
 from autotune.tuner._study import _RUNS_PREFIX, SearchOptions, _priors, _study_name, search
 
@@ -209,6 +210,14 @@ def test_without_caches_the_priors_try_one_main_thread():
     space = Space(max_workers=2, main_threads=(None, 1, 2))
     assert _priors(space, DEFAULT)[-1] == LoaderConfig(main_threads=1)
     assert LoaderConfig(main_threads=1) not in _priors(SPACE, DEFAULT)  # a cache prior there instead
+
+
+def test_the_fake_runner_and_the_real_one_both_take_what_the_search_passes():
+    """``TrialRunner`` is what ``search`` calls; a fake that drifted from it would test another search."""
+    def shape(fn):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    assert shape(FakeRunner.run) == shape(Runner.run) == shape(TrialRunner.run)
 
 
 class ClockedRunner(FakeRunner):

@@ -87,7 +87,7 @@ def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
         f"(num_workers=0): {epoch / d_epoch if d_epoch else 1.0:.2f}x the default's time"
     )
     lines.append(
-        f"  whole run ({recipe.profile.settings['epochs']} epochs"
+        f"  whole run ({recipe.profile.settings.epochs} epochs"
         f"{', cache build included' if recipe.config.cache else ''}): {format_seconds(total)} vs "
         f"{format_seconds(d_total)}: {m.speedup_text()}"
     )
@@ -98,7 +98,7 @@ def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
     lines.append(f"  peak memory (main + workers{together}, PSS): {format_bytes(m.peak_memory_bytes or 0)}")
     scope = f"a seeded subset of {sub.measured} of {sub.length} samples, extrapolated" if sub.extrapolated \
         else f"all {sub.length} samples"
-    if recipe.profile.dataset.get("stream"):
+    if recipe.profile.dataset.stream:
         scope = f"the stream's first {sub.measured} samples" + (
             f" of {sub.length} per epoch, extrapolated" if sub.extrapolated else "")
     lines.append(f"  measured on {scope}; {m.trials} trials ({m.pruned_trials} pruned, "

@@ -86,13 +86,13 @@ def _rows(p: Profile) -> list[tuple[str, str]]:
         rows[-1] = ("machine", rows[-1][1] + f", /dev/shm {hardware.format_bytes(p.hardware['shm_bytes'])}")
 
     d, s = p.dataset, p.settings
-    ds = [str(d.get("source") or "unknown source")]
-    if d.get("length") is not None:
-        ds.append(f"{d['length']} samples")
-    if s.get("batch_size") is not None:
-        ds.append(f"batch {s['batch_size']}")
-    if s.get("epochs") is not None:
-        ds.append(f"{s['epochs']} epochs")
+    ds = [d.source or "unknown source"]
+    if d.length is not None:
+        ds.append(f"{d.length} samples")
+    if s.batch_size is not None:
+        ds.append(f"batch {s.batch_size}")
+    if s.epochs is not None:
+        ds.append(f"{s.epochs} epochs")
     rows.append(("dataset", ", ".join(ds)))
 
     c = p.config

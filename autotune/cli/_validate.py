@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         raise AutotuneError(f"--batch-size must be a positive integer, but got {args.batch_size}.")
     recipe = load(args.recipe)
-    spec = load_user_file(args.target, batch_size=args.batch_size or recipe.profile.settings.get("batch_size"))
+    spec = load_user_file(args.target, batch_size=args.batch_size or recipe.profile.settings.batch_size)
     require_map_style(spec, "validate")
     print(validate_spec(recipe, spec, recipe_path=None if args.no_store else args.recipe, target=args.target,
                         recipe_file=args.recipe, data_dir=args.data_dir, max_batches=args.max_batches,

@@ -36,16 +36,16 @@ def plain_loader(dataset: Any, calls: list[Resolved], *, transform: Callable[...
     return DataLoader(with_transform(dataset, transform, is_stream(dataset)), **kwargs)
 
 
-def quiet_worker_warning(profile: Any) -> None:
+def quiet_worker_warning(note: str = "") -> None:
     """Filter exactly Lightning's "does not have many workers" warning of the training loader when the recipe
-    chose no workers by measurement; said once in the log, with the figure that justifies it."""
+    chose no workers by measurement; said once in the log, with the figure that justifies it (the recipe's
+    ``note``)."""
     if "lightning" not in sys.modules and "pytorch_lightning" not in sys.modules:
         return
     for action, message, *_ in warnings.filters:
         if action == "ignore" and message is not None and message.pattern == WORKER_WARNING:
             return
     warnings.filterwarnings("ignore", message=WORKER_WARNING, category=UserWarning)
-    note = profile.measured.note
     log.info("autotune: Lightning's 'train_dataloader does not have many workers' warning is filtered (not "
              "another loader's): this machine's recipe chose num_workers=0 by measurement%s",
              f" ({note})" if note else "")

@@ -24,9 +24,11 @@ from autotune.config import WORKER_ONLY as _WORKER_ONLY
 from autotune.config import ConfigError, LoaderConfig
 from autotune.dataset import is_stream
 from autotune.errors import AutotuneError, DatasetError
+from autotune.integrations._lightning import quiet_worker_warning
 from autotune.loader import FactorySite, make_loader, prepare_source
 from autotune.machine import ranks_per_node
 from autotune.process import apply_at_runtime
+from autotune.recipe._file import Profile
 from autotune.recipe._measured import Measured
 
 log = logging.getLogger("autotune")
@@ -63,7 +65,7 @@ def _caller_stacklevel() -> int:
     return level
 
 
-def _resolve(profile: Any, overrides: dict[str, Any], cache: Any) -> tuple[LoaderConfig, Resolution]:
+def _resolve(profile: Profile, overrides: dict[str, Any], cache: Any) -> tuple[LoaderConfig, Resolution]:
     """The configuration to build: the caller's keywords over the recipe's. A caller's worker-only
     keyword with no workers is refused (as DataLoader would); the recipe's is dropped."""
     base: LoaderConfig = profile.config
@@ -94,7 +96,7 @@ def _resolve(profile: Any, overrides: dict[str, Any], cache: Any) -> tuple[Loade
     return config, res
 
 
-def cache_location(profile: Any, dataset: Any, cache_dir: str | Path | None = None) -> Path | None:
+def cache_location(profile: Profile, dataset: Any, cache_dir: str | Path | None = None) -> Path | None:
     """Where the factory keeps the recipe's disk cache for ``dataset`` (None: memory or no cache). A cache
     belongs to the dataset actually passed (its key, ``caches._key``), never to anything the recipe says,
     so a train and a val set through one recipe get two caches."""
@@ -105,7 +107,7 @@ def cache_location(profile: Any, dataset: Any, cache_dir: str | Path | None = No
     return cache_path(backend, root, expected_manifest(dataset_key(dataset), range(len(dataset))))
 
 
-def _fit_memory(config: LoaderConfig, profile: Any, dataset: Any, res: Resolution, stream: bool,
+def _fit_memory(config: LoaderConfig, profile: Profile, dataset: Any, res: Resolution, stream: bool,
                 batch_size: int) -> LoaderConfig:
     """``config`` fitted to the memory this job may take now (``recipe._memory_fit``); a change is said in
     one line naming the limit."""
@@ -113,10 +115,11 @@ def _fit_memory(config: LoaderConfig, profile: Any, dataset: Any, res: Resolutio
 
     if not config.num_workers and (stream or config.cache != "memory"):
         return config  # nothing the recipe adds that a smaller choice would save
-    fit = fit_memory(config, profile.measured, dataset, batch_size=batch_size, ranks=ranks_per_node())
+    fit = fit_memory(config, profile.measured, dataset, batch_size=batch_size, ranks=ranks_per_node(),
+                     keep_workers=res.sources.get("num_workers") == "caller")
     if fit.line is None:
         return config
-    for key in ("num_workers", "cache", "cache_share"):
+    for key in (*TUNED_KEYS, "cache", "cache_share"):  # fewer workers may drop the worker-only keys too
         if getattr(fit.config, key) != getattr(config, key):
             res.settings[key], res.sources[key] = getattr(fit.config, key), "fitted to the memory limit"
     res.not_applied.append(fit.line)
@@ -145,7 +148,7 @@ def _measured_gain(m: Measured) -> bool:
     return (m.speedup or 0.0) > 1.0
 
 
-def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | None = None,
+def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any] | None = None,
                  cache: str | None = FROM_RECIPE, cache_dir: str | os.PathLike[str] | None = None,
                  apply_process_settings: bool = True, progress: bool = True,
                  loader_cls: type[DataLoader[Any]] = DataLoader, **overrides: Any) -> DataLoader[Any]:
@@ -158,7 +161,7 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
         hint = " (a function that makes one? call it)" if callable(dataset) else ""
         raise DatasetError(f"autotune.dataloader got a {type(dataset).__name__}, not a dataset{hint}: it needs "
                            "__getitem__(int) and __len__() (map-style), or to be a torch.utils.data.IterableDataset.")
-    tuned_batch = (profile.settings or {}).get("batch_size")
+    tuned_batch = profile.settings.batch_size
     if "batch_sampler" not in overrides:
         overrides.setdefault("batch_size", tuned_batch or 1)
     elif tuned_batch:
@@ -217,9 +220,7 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
     loader = make_loader(data, config, user_worker_init=user_init, loader_cls=loader_cls, **overrides)
     loader.autotune = res
     if not config.num_workers and res.sources.get("num_workers") == "recipe":
-        from autotune.integrations._lightning import quiet_worker_warning
-
-        quiet_worker_warning(profile)
+        quiet_worker_warning(profile.measured.note)
     log.info("autotune DataLoader: %s", res.describe())
     for line in res.applied:
         log.info("autotune applied: %s", line)

@@ -9,7 +9,7 @@ and where it does not fit, the recipe is fitted:
 
 1. a memory cache shrinks to the first samples that fit (a partial cache, ``LoaderConfig.cache_share``),
    or goes when even a batch's worth would not;
-2. then, if the workers alone do not fit, fewer workers.
+2. then, if the workers alone do not fit, fewer workers (unless the caller chose ``num_workers``).
 
 Each change is said in one line that names the limit (``machine._memory_limit``).
 """
@@ -52,12 +52,13 @@ def _largest_count(sample_bytes: float, room: int, length: int) -> int:
 
 
 def fit_memory(config: LoaderConfig, measured: Any, dataset: Any, *, batch_size: int = 1, ranks: int = 1,
-               memory: JobMemory | None = None, sample_bytes: float | None = None) -> Fit:
+               memory: JobMemory | None = None, sample_bytes: float | None = None, keep_workers: bool = False) -> Fit:
     """``config`` fitted to the memory this job may take now (see the module docstring).
 
     ``measured``: the profile's figures (``peak_memory_bytes`` and ``default_peak_memory_bytes``; either may be
     None in an older recipe, and then only the cache is counted). ``sample_bytes``: one sample's payload
-    (read from ``dataset[0]`` when None and the recipe has a memory cache).
+    (read from ``dataset[0]`` when None and the recipe has a memory cache). ``keep_workers``: the caller chose
+    ``num_workers`` itself, and it is never changed.
     """
     memory = memory or job_memory()
     budget = int(memory.available * BUDGET_SHARE) // max(1, ranks)
@@ -92,7 +93,7 @@ def fit_memory(config: LoaderConfig, measured: Any, dataset: Any, *, batch_size:
             fitted = config.replace(cache=None)
             changes.append("no memory cache")
             cache = 0
-    if other + cache > budget and fitted.num_workers:
+    if other + cache > budget and fitted.num_workers and not keep_workers:
         per_worker = other / fitted.num_workers
         workers = max(0, min(fitted.num_workers - 1, int((budget - cache) // max(1.0, per_worker))))
         fitted = fitted.replace(num_workers=workers)

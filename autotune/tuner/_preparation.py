@@ -22,9 +22,11 @@ from autotune.dataset import (
 )
 from autotune.dataset._probe import Probe, probe_dataset, probe_indices, probe_stream
 from autotune.machine import (
+    JobMemory,
     SourceFiles,
     build_workers,
     default_budget,
+    job_memory,
     shm_free,
     source_files,
     tree_pss,
@@ -99,6 +101,8 @@ def _prepare_map_style(spec: UserSpec, opts: SearchOptions) -> Setup:
     )
     if stateful:
         limits.notes.append(stateful)
+    if not opts.max_memory:
+        _note_limit(limits)
     space = build_space(probe, limits)
     trial_seconds = opts.trial_seconds or min(10.0, max(1.0, opts.budget / 50))
     count = subset_size(probe, spec.batch_size, trial_seconds, probe.step_seconds)
@@ -138,6 +142,14 @@ def with_subset(setup: Setup, spec: UserSpec, opts: SearchOptions, count: int) -
     sources = source_files(spec.dataset, indices, probe.length, opts.data_dir)
     plan = replace(setup.plan, indices=indices, files=sources.files, cold_every_epoch=sources.cold_every_epoch)
     return replace(setup, plan=plan)
+
+
+def _note_limit(limits: Limits, memory: JobMemory | None = None) -> None:
+    """Say where the memory budget comes from when a limit, not the host, sets it."""
+    memory = memory or job_memory()
+    if memory.limit is not None:
+        limits.notes.append(f"memory budget: {format_bytes(limits.memory_budget)}, 70% of what "
+                            f"{memory.describe_limit()} leaves this job now")
 
 
 def _note_sources(sources: SourceFiles, limits: Limits) -> None:

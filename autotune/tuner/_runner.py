@@ -20,7 +20,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
@@ -265,8 +265,17 @@ def shard(plan: Plan, rank: int, ranks: int) -> Plan:
                                cache_indices=list(plan.indices), cache_length=plan.length)
 
 
+class TrialRunner(Protocol):
+    """What the search asks of a runner (``Runner``'s real trial processes, or a test's figures by rule):
+    measure ``config`` on ``plan``, or raise ``TrialFailed`` or ``TrialPruned``."""
+
+    def run(self, config: LoaderConfig, plan: Plan, *, timeout: float,
+            should_prune: Callable[[int, float], bool] | None = None, give_up_after: float | None = None,
+            log_path: str | None = None) -> Measurement: ...
+
+
 class Runner:
-    """Starts trial processes for one workload."""
+    """Starts trial processes for one workload (a ``TrialRunner``)."""
 
     def __init__(self, workload: Workload, sys_path: list[str] | None = None, memory_limit: int | None = None,
                  ranks: int = 1):
@@ -333,7 +342,7 @@ class Runner:
                 sender.close()
             if give_up_after is not None and env is not None:
                 give_up_after += 5.0  # a spawned interpreter's start-up is not part of the measured figure
-            return self._watch(ranks, timeout, should_prune, give_up_after)
+            result = self._watch(ranks, timeout, should_prune, give_up_after)
         finally:
             for rank in ranks:
                 rank.receiver.close()
@@ -344,6 +353,13 @@ class Runner:
                 rank.proc.join(10)
             if trial_dir:
                 shutil.rmtree(trial_dir, ignore_errors=True)
+        if self.memory_limit and result.peak_memory_bytes > self.memory_limit:
+            # The subset's run fitted, the whole run would not: its memory cache holds every sample. A recipe
+            # over the budget would be OOM-killed where the budget is a job's limit.
+            together = f" ({len(ranks)} ranks together)" if len(ranks) > 1 else ""
+            raise TrialFailed(f"its whole run needs {format_bytes(result.peak_memory_bytes)}{together} (a memory "
+                              f"cache of every sample), over the memory budget of {format_bytes(self.memory_limit)}")
+        return result
 
     def _watch(self, ranks: list[_Rank], timeout: float, should_prune: Callable[[int, float], bool] | None,
                give_up_after: float | None) -> Measurement:

@@ -33,7 +33,7 @@ from autotune.tuner._measure import Plan
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._options import Clock, SearchOptions
 from autotune.tuner._preparation import Setup, prepare, with_subset
-from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, warm_forkserver
+from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, TrialRunner, warm_forkserver
 from autotune.tuner._significance import NARROW, Spread, choose, cpu_times, noise_since, ratio
 from autotune.tuner._space import Space
 
@@ -125,7 +125,8 @@ class _Progress:
             self.bar.close()
 
 
-def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None, runner: Any = None) -> Outcome:
+def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None,
+           runner: TrialRunner | None = None) -> Outcome:
     """Tune ``spec``. ``setup`` and ``runner`` default to the real preparation and trial processes;
     the search-core tests pass their own, to run the loop in memory. Optuna's log level and the warning
     filters are the caller's again when it returns.
@@ -145,7 +146,8 @@ class Search:
     setup and runner, the factory's learned costs, and what the loop counted. Its steps read and write
     these instead of passing a dozen arguments and counters between functions."""
 
-    def __init__(self, spec: UserSpec, opts: SearchOptions, setup: Setup | None = None, runner: Any = None):
+    def __init__(self, spec: UserSpec, opts: SearchOptions, setup: Setup | None = None,
+                 runner: TrialRunner | None = None):
         self.spec, self.opts = spec, opts
         self.clock: Clock = opts.clock()
         self.url = _storage_url(opts)
@@ -167,7 +169,7 @@ class Search:
             warm_forkserver()
         self.setup = self._setup or prepare(self.spec, self.opts, self.clock)
         setup = self.setup
-        self.runner = self._runner or Runner(setup.workload, self.spec.sys_path,
+        self.runner: TrialRunner = self._runner or Runner(setup.workload, self.spec.sys_path,
                                              memory_limit=setup.limits.memory_budget, ranks=setup.ranks)
         if setup.plan.cache_root:
             removed = remove_leftovers(setup.plan.cache_root)
@@ -483,14 +485,15 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
     if caches:
         allocator = "glibc-tuned" if "glibc-tuned" in space.allocators else default.allocator
         cache = "memory" if "memory" in caches else caches[0]
-        priors.append(replace(default, cache=cache, allocator=allocator))
+        share = space.cache_shares[0] if cache == "memory" and space.cache_shares else None  # the most that fits
+        priors.append(replace(default, cache=cache, allocator=allocator, cache_share=share))
         if ("first_epoch" in space.cache_fills and cache in space.filled_caches and space.max_workers
                 and "fork" in space.contexts):
             # The same cache filled while the first epoch trains, its decode spread over the workers.
             priors.append(LoaderConfig(num_workers=space.max_workers, prefetch_factor=2,
                                        persistent_workers=True in space.persistent, multiprocessing_context="fork",
                                        main_threads=default.main_threads, cache=cache, cache_fill="first_epoch",
-                                       allocator=allocator))
+                                       allocator=allocator, cache_share=share))
     elif 1 in space.main_threads and default.main_threads != 1:
         priors.append(replace(default, main_threads=1))
     return priors
