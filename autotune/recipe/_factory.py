@@ -29,6 +29,7 @@ from autotune.loader import FactorySite, make_loader, prepare_source
 from autotune.machine import ranks_per_node
 from autotune.process import apply_at_runtime
 from autotune.recipe._file import Profile
+from autotune.recipe._measured import Measured
 
 log = logging.getLogger("autotune")
 
@@ -137,6 +138,16 @@ def world_size() -> int:
         return 1
 
 
+def _measured_gain(m: Measured) -> bool:
+    """Whether the recipe measured its configuration faster than the default: its interval above 1 (a recipe
+    of an older version: its speed-up)."""
+    if m.is_default:
+        return False
+    if m.interval is not None:
+        return m.interval.low > 1.0
+    return (m.speedup or 0.0) > 1.0
+
+
 def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any] | None = None,
                  cache: str | None = FROM_RECIPE, cache_dir: str | os.PathLike[str] | None = None,
                  apply_process_settings: bool = True, progress: bool = True,
@@ -170,8 +181,14 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
         raise AutotuneError(f"A stream (IterableDataset) cannot be cached (cache={config.cache!r}): a cache would "
                             "replay one recorded pass, freezing its order; pass cache=None.")
     # The process settings first, so the cache build runs under them, as a trial's build did.
+    main = replace(config.process_settings(), worker_threads=None)
+    if apply_process_settings and not _measured_gain(profile.measured) and main != replace(main, allocator="glibc",
+                                                                                           main_threads=None):
+        # The user's process is changed only for a measured gain (an older recipe may lack the interval).
+        log.info("autotune left this process's allocator and threads alone: the recipe measured no gain from it")
+        main = replace(main, allocator="glibc", main_threads=None)
     if apply_process_settings:
-        applied = apply_at_runtime(replace(config.process_settings(), worker_threads=None))
+        applied = apply_at_runtime(main)
         res.applied, res.not_applied = list(applied.applied), list(applied.not_applied)
         if config.num_workers and (config.worker_threads or config.allocator != "glibc"):
             res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
