@@ -81,8 +81,8 @@ class Recipe:
 
     def __repr__(self) -> str:
         where = "this machine" if self.matches_this_machine else "other hardware"
-        speedup = self.profile.measured.speedup
-        extra = f", {speedup:.2f}x the default" if speedup is not None else ""
+        m = self.profile.measured
+        extra = f", {m.speedup_text()}" if m.speedup is not None else ""
         return f"Recipe({self.config.describe(self.profile.ranks_per_node)}; tuned on {where}{extra})"
 
 
@@ -116,6 +116,8 @@ def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
             is_default=outcome.is_default,
             note=outcome.note,
             notes=tuple(outcome.notes),
+            interval=outcome.interval,
+            noisy=outcome.noisy,
             has_transform=spec.transform is not None,
             finalists=tuple(outcome.finalists),
             study_name=outcome.study.get("name", ""),

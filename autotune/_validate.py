@@ -331,7 +331,7 @@ def _build_parts(recipe_path: str, dataset: Any, profile: Profile) -> dict[str, 
         start = time.perf_counter()
         check_deterministic(dataset)
         parts["determinism_check"] = time.perf_counter() - start
-        if profile.config.cache != "memory":
+        if not profile.config.cache_in_memory:
             start = time.perf_counter()
             dataset_key(dataset)
             parts["cache_key"] = time.perf_counter() - start

@@ -119,7 +119,9 @@ def test_other_batch_size_is_warned(tmp_path):
 
 
 def test_main_threads_are_applied_and_reported(tmp_path):
-    path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig(main_threads=1))
+    # a recipe that measured a gain: only then does the factory change the process (tests/test_good_guest.py)
+    path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig(main_threads=1),
+                        measured={"total_seconds": 1.0, "default_total_seconds": 2.0})
     before = torch.get_num_threads()
     try:
         loader = autotune.dataloader(Numbers(8), path)

@@ -30,7 +30,7 @@ from autotune.recipe._records import DatasetRecord, RunSettings
 pytestmark = pytest.mark.timeout(300)
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-BUDGET = "6s"
+BUDGET = "20s"  # from the dataset file's import on, a hard wall: room for a loaded 2-CPU machine
 
 
 @pytest.fixture
@@ -154,7 +154,36 @@ def test_lightning_datamodule_is_tuned_and_its_recipe_applied(example, caplog, m
         trainer = dm_example.train(limit_train_batches=2)
     assert trainer.global_step == 2
     assert not [w for w in seen if "does not have many workers" in str(w.message)]
-    assert "Lightning's 'does not have many workers' warning is filtered" in caplog.text
+    assert "Lightning's 'train_dataloader does not have many workers' warning is filtered" in caplog.text
+
+
+@pytest.mark.integration
+def test_the_filter_leaves_another_loaders_worker_warning_alone(example, monkeypatch):
+    """On 9eac6c3 the process-wide filter also swallowed the val_dataloader's warning."""
+    import lightning as L
+    import lightning.fabric.utilities.data as fdata
+    from torch.utils.data import DataLoader
+
+    monkeypatch.setattr(fdata, "_num_cpus_available", lambda: 8)
+    _recipe(Path("autotune.json"), LoaderConfig(), batch_size=64)  # this machine's recipe: no workers
+    dm_example = example("lightning_datamodule")
+
+    class WithValidation(dm_example.MyDataModule):
+        def val_dataloader(self):
+            return DataLoader(self.train, batch_size=64)  # the user's own loader
+
+    class Validated(dm_example.TinyClassifier):
+        def validation_step(self, batch, index):
+            return None
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=1, limit_val_batches=1,
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, num_sanity_val_steps=0)
+        trainer.fit(Validated(), datamodule=WithValidation(samples=64))
+    messages = [str(w.message) for w in seen if "does not have many workers" in str(w.message)]
+    assert messages and all("'val_dataloader'" in m for m in messages), messages
 
 
 @pytest.mark.integration

@@ -209,6 +209,17 @@ def test_a_memory_cache_is_left_out_when_not_even_one_percent_fits():
     assert any(n.startswith("cache memory left out: needs ~") and "--max-memory" in n for n in limits.notes)
 
 
+def test_the_search_names_the_limit_its_budget_comes_from():
+    from autotune.tuner._preparation import _note_limit
+
+    limits = Limits(usable_cpus=1, memory_budget=677 * MIB, disk_free=GIB)
+    _note_limit(limits, job(967 * MIB))
+    assert limits.notes == ["memory budget: 677.0 MiB, 70% of what the cgroup memory limit of 1.2 GiB "
+                            "(/sys/fs/cgroup/memory/job/memory.limit_in_bytes) leaves this job now"]
+    _note_limit(limits, job(967 * MIB, limit=None))
+    assert len(limits.notes) == 1  # the host's memory: nothing to say
+
+
 def test_one_share_is_fixed_not_asked():
     space = Space(max_workers=0, caches=(None, "memory"), cache_shares=(0.3,))
     assert "cache_share" not in space.params_for(LoaderConfig(cache="memory", cache_share=0.3))

@@ -163,7 +163,7 @@ def test_show_default_profile_says_so(tmp_path, capsys):
     RecipeFile.merge_write(path, p)
     assert main(["show", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "the plain default was fastest here" in out
+    assert "no candidate was measurably faster than the plain default" in out and "1.00x" not in out
     assert "1 profile (format version 2)" in out
 
 

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from autotune._units import format_bytes
-from autotune.caches import BACKENDS, clear_caches, default_root, list_caches
+from autotune.caches import clear_caches, default_root, disk_names, list_caches
 from autotune.cli._options import add_json, print_json
 
 _TRIALS = Path("cache") / "trials"  # under a search's --workdir
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         help="a search's --workdir, whose trial leftovers are included (default %(default)s)")
         add_json(ap)
         if name == "clear":
-            ap.add_argument("--backend", choices=[b for b in BACKENDS if b != "memory"], help="only this backend")
+            ap.add_argument("--backend", choices=list(disk_names()), help="only this backend")
     p.set_defaults(func=run)
 
 

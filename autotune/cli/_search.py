@@ -59,10 +59,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def options_from(args: argparse.Namespace) -> SearchOptions:
-    """SearchOptions from the flags given; the others keep SearchOptions' defaults. The budget's clock
-    starts with the process (imports included), as the user times the command."""
-    import psutil
-
+    """SearchOptions from the flags given; the others keep SearchOptions' defaults. The budget's clock starts
+    here, before the dataset file is imported (its import and first sample are the search's to pay)."""
     from autotune.tuner._options import SearchOptions, user_fields
 
     for flag in ("batch_size", "epochs", "samples_per_epoch"):
@@ -70,8 +68,7 @@ def options_from(args: argparse.Namespace) -> SearchOptions:
         if value is not None and value < 1:
             raise AutotuneError(f"--{flag.replace('_', '-')} must be a positive integer, but got {value}.")
     given = {f.name: getattr(args, f.name) for f in user_fields() if getattr(args, f.name, None) is not None}
-    age = max(0.0, time.time() - psutil.Process().create_time())
-    return SearchOptions(**given, started=time.monotonic() - age)
+    return SearchOptions(**given, started=time.monotonic())
 
 
 def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
@@ -97,8 +94,10 @@ def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
     lines.append(
         f"  whole run ({recipe.profile.settings.epochs} epochs"
         f"{', cache build included' if recipe.config.cache else ''}): {format_seconds(total)} vs "
-        f"{format_seconds(d_total)}: {m.speedup or 1.0:.2f}x faster"
+        f"{format_seconds(d_total)}: {m.speedup_text()}"
     )
+    if m.noisy:
+        lines.append(f"  warning: {m.noisy}")
     ranks = recipe.profile.ranks_per_node
     together = f", the {ranks} ranks together" if ranks > 1 else ""
     lines.append(f"  peak memory (main + workers{together}, PSS): {format_bytes(m.peak_memory_bytes or 0)}")

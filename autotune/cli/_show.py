@@ -125,10 +125,13 @@ def _rows(p: Profile) -> list[tuple[str, str]]:
     if total:
         text = f"{total} in all" + (f" vs {dtotal} for the default" if dtotal else "")
         if m.speedup is not None:
-            text += f": {m.speedup:.2f}x as fast"
+            text += f": {m.speedup_text()}"
         rows.append(("total", text))
     if m.is_default:
-        rows.append(("verdict", "the plain default was fastest here; the recipe is the default"))
+        rows.append(("verdict", "no candidate was measurably faster than the plain default; the recipe is the "
+                                "default"))
+    if m.noisy:
+        rows.append(("warning", m.noisy))
     if m.peak_memory_bytes is not None:
         together = f", the {p.ranks_per_node} ranks together" if p.ranks_per_node > 1 else ""
         rows.append(("memory", f"peak {hardware.format_bytes(m.peak_memory_bytes)} (main + workers{together})"))

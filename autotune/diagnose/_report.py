@@ -383,7 +383,7 @@ def build_report(recipe_path: str | os.PathLike[str], output: str | os.PathLike[
         ("chosen settings", config.describe() + (" (the plain default)" if m.is_default else "")),
         ("whole run", f"{format_seconds(m.chosen.total_seconds or 0)} vs "
                       f"{format_seconds(m.default.total_seconds or 0)} for the default: "
-                      f"{m.speedup or 1:.2f}x faster"),
+                      f"{m.speedup_text()}"),
         ("epoch (warm)", f"{format_seconds(m.chosen.epoch_seconds or 0)} vs "
                          f"{format_seconds(m.default.epoch_seconds or 0)}"),
         ("peak memory", format_bytes(m.peak_memory_bytes or 0)),

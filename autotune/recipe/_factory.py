@@ -29,6 +29,7 @@ from autotune.loader import FactorySite, make_loader, prepare_source
 from autotune.machine import ranks_per_node
 from autotune.process import apply_at_runtime
 from autotune.recipe._file import Profile
+from autotune.recipe._measured import Measured
 
 log = logging.getLogger("autotune")
 
@@ -100,7 +101,7 @@ def cache_location(profile: Profile, dataset: Any, cache_dir: str | Path | None 
     belongs to the dataset actually passed (its key, ``caches._key``), never to anything the recipe says,
     so a train and a val set through one recipe get two caches."""
     backend = profile.config.cache
-    if backend in (None, "memory"):
+    if backend is None or profile.config.cache_in_memory:
         return None
     root = Path(cache_dir) if cache_dir is not None else default_root()
     return cache_path(backend, root, expected_manifest(dataset_key(dataset), range(len(dataset))))
@@ -112,7 +113,7 @@ def _fit_memory(config: LoaderConfig, profile: Profile, dataset: Any, res: Resol
     one line naming the limit."""
     from autotune.recipe._memory_fit import fit_memory
 
-    if not config.num_workers and (stream or config.cache != "memory"):
+    if not config.num_workers and (stream or not config.cache_in_memory):
         return config  # nothing the recipe adds that a smaller choice would save
     fit = fit_memory(config, profile.measured, dataset, batch_size=batch_size, ranks=ranks_per_node(),
                      keep_workers=res.sources.get("num_workers") == "caller")
@@ -135,6 +136,16 @@ def world_size() -> int:
         return max(1, int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError:
         return 1
+
+
+def _measured_gain(m: Measured) -> bool:
+    """Whether the recipe measured its configuration faster than the default: its interval above 1 (a recipe
+    of an older version: its speed-up)."""
+    if m.is_default:
+        return False
+    if m.interval is not None:
+        return m.interval.low > 1.0
+    return (m.speedup or 0.0) > 1.0
 
 
 def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any] | None = None,
@@ -170,15 +181,21 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
         raise AutotuneError(f"A stream (IterableDataset) cannot be cached (cache={config.cache!r}): a cache would "
                             "replay one recorded pass, freezing its order; pass cache=None.")
     # The process settings first, so the cache build runs under them, as a trial's build did.
+    main = replace(config.process_settings(), worker_threads=None)
+    if apply_process_settings and not _measured_gain(profile.measured) and main != replace(main, allocator="glibc",
+                                                                                           main_threads=None):
+        # The user's process is changed only for a measured gain (an older recipe may lack the interval).
+        log.info("autotune left this process's allocator and threads alone: the recipe measured no gain from it")
+        main = replace(main, allocator="glibc", main_threads=None)
     if apply_process_settings:
-        applied = apply_at_runtime(replace(config.process_settings(), worker_threads=None))
+        applied = apply_at_runtime(main)
         res.applied, res.not_applied = list(applied.applied), list(applied.not_applied)
         if config.num_workers and (config.worker_threads or config.allocator != "glibc"):
             res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
     else:
         config = config.replace(allocator="glibc", main_threads=None, worker_threads=None)
     config = _fit_memory(config, profile, dataset, res, stream, overrides.get("batch_size") or 1)
-    if config.cache_fill == "first_epoch" and config.cache != "memory" and world_size() > 1:
+    if config.cache_fill == "first_epoch" and not config.cache_in_memory and world_size() > 1:
         # each rank's first epoch reads its shard only: the node's one cache would never be whole
         config = config.replace(cache_fill="build")
         res.not_applied.append(f"cache_fill='first_epoch' with the {config.cache} cache in a job of several ranks: "
