@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from autotune._units import parse_duration
 from autotune.config import LoaderConfig
-from autotune.dataset import UserSpec, check_dataset, load_user_file, resolving
+from autotune.dataset import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS, UserSpec, check_dataset, load_user_file, resolving
 from autotune.errors import AutotuneError
 from autotune.integrations._lightning import plain_loader
 from autotune.machine import _hardware as hardware
@@ -21,6 +21,7 @@ from autotune.machine import ranks_per_node as ranks_from
 from autotune.recipe._factory import FROM_RECIPE, build_loader
 from autotune.recipe._file import Profile, RecipeFile, choose_profile
 from autotune.recipe._measured import Measured, RunFigures, Subset
+from autotune.recipe._records import DatasetRecord, RunSettings
 
 if TYPE_CHECKING:
     from autotune.integrations._trainer import TrainerArguments
@@ -80,8 +81,8 @@ class Recipe:
 
     def __repr__(self) -> str:
         where = "this machine" if self.matches_this_machine else "other hardware"
-        speedup = self.profile.measured.speedup
-        extra = f", {speedup:.2f}x the default" if speedup is not None else ""
+        m = self.profile.measured
+        extra = f", {m.speedup_text()}" if m.speedup is not None else ""
         return f"Recipe({self.config.describe(self.profile.ranks_per_node)}; tuned on {where}{extra})"
 
 
@@ -94,9 +95,10 @@ def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
     config, figures, default = outcome.config, outcome.figures, outcome.default_figures
     return Profile(
         hardware=outcome.hardware,
-        dataset={"source": spec.source, "length": outcome.probe.length, "fingerprint": outcome.probe.fingerprint,
-                 **({"stream": True, "length_known": outcome.probe.length_known} if outcome.probe.stream else {})},
-        settings={"batch_size": spec.batch_size, "epochs": spec.epochs},
+        dataset=DatasetRecord(source=spec.source, length=outcome.probe.length, fingerprint=outcome.probe.fingerprint,
+                              stream=outcome.probe.stream,
+                              length_known=bool(outcome.probe.stream and outcome.probe.length_known)),
+        settings=RunSettings(batch_size=spec.batch_size, epochs=spec.epochs),
         config=config,
         measured=Measured(
             chosen=_figures(figures.prediction),
@@ -114,6 +116,8 @@ def profile_from(outcome: Outcome, spec: UserSpec) -> Profile:
             is_default=outcome.is_default,
             note=outcome.note,
             notes=tuple(outcome.notes),
+            interval=outcome.interval,
+            noisy=outcome.noisy,
             has_transform=spec.transform is not None,
             finalists=tuple(outcome.finalists),
             study_name=outcome.study.get("name", ""),
@@ -189,19 +193,18 @@ def load(path: str | os.PathLike[str] = DEFAULT_RECIPE, *, on_mismatch: str = "w
 
 def _search_here(nearest: Profile, path: str | os.PathLike[str], dataset: Any, budget: str | float,
                  ranks: int = 1) -> Recipe:
-    settings = nearest.settings or {}
-    source = nearest.dataset.get("source", "")
+    settings, source = nearest.settings, nearest.dataset.source
     if dataset is None:
         if source.startswith("<"):
             raise AutotuneError(
                 f"{path} was tuned from a Python object; pass dataset=... to load(on_mismatch='search')."
             )
-        spec = load_user_file(source, batch_size=settings.get("batch_size"), epochs=settings.get("epochs"))
+        spec = load_user_file(source, batch_size=settings.batch_size, epochs=settings.epochs)
     else:
-        known = nearest.dataset.get("stream") and nearest.dataset.get("length_known")
-        spec = UserSpec(dataset=dataset, source=source, batch_size=settings.get("batch_size", 32),
-                        epochs=settings.get("epochs", 10),
-                        samples_per_epoch=nearest.dataset.get("length") if known else None)
+        known = nearest.dataset.stream and nearest.dataset.length_known
+        spec = UserSpec(dataset=dataset, source=source, batch_size=settings.batch_size or DEFAULT_BATCH_SIZE,
+                        epochs=settings.epochs or DEFAULT_EPOCHS,
+                        samples_per_epoch=nearest.dataset.length if known else None)
     from autotune.tuner._options import SearchOptions
 
     opts = SearchOptions(budget=parse_duration(budget), ranks_per_node=ranks)

@@ -49,7 +49,7 @@ from autotune.loader import DeviceConsumer
 from autotune.machine import _evict, build_workers
 from autotune.recipe import _factory_runs
 from autotune.recipe._factory import cache_location
-from autotune.recipe._file import RecipeFile, _locked
+from autotune.recipe._file import Profile, RecipeFile, _locked
 from autotune.tuner._measure import timed_epoch
 from autotune.tuner._predict import EpochTiming, batches_in, scale_epoch
 
@@ -135,7 +135,7 @@ def _timed_epoch(loader: Any, consume: Callable[[Any], Any]) -> EpochTiming:
     return timed_epoch(loader, consume)[0]
 
 
-def _cache_files(profile: Any, dataset: Any) -> set[str]:
+def _cache_files(profile: Profile, dataset: Any) -> set[str]:
     path = cache_location(profile, dataset)
     if path is None or not os.path.exists(path):
         return set()
@@ -158,7 +158,7 @@ def validate(recipe: Any, dataset: Any, *, transform: Callable[..., Any] | None 
     if max_batches is not None and max_batches < 2:
         raise AutotuneError(f"--max-batches must be at least 2 (start-up and steady batches), but got {max_batches}.")
     profile = recipe.profile
-    tuned_batch = (profile.settings or {}).get("batch_size")
+    tuned_batch = profile.settings.batch_size
     batch_size = batch_size or tuned_batch or 32
     notes: list[str] = []
     if tuned_batch and batch_size != tuned_batch:
@@ -209,7 +209,7 @@ def validate(recipe: Any, dataset: Any, *, transform: Callable[..., Any] | None 
                     settings=settings, batch_size=batch_size, seed=seed, notes=notes)
 
 
-def _compare(profile: Any, on_this_machine: bool, timings: list[EpochTiming], build_seconds: float, *, full: int,
+def _compare(profile: Profile, on_this_machine: bool, timings: list[EpochTiming], build_seconds: float, *, full: int,
              measured_batches: int, epochs: int, report: _evict.EvictionReport | None, found_by: str,
              fits: bool | None, settings: dict[str, Any], batch_size: int, seed: int, notes: list[str],
              **extra: Any) -> Validation:
@@ -221,8 +221,8 @@ def _compare(profile: Any, on_this_machine: bool, timings: list[EpochTiming], bu
     pred_first, pred_warm = predicted.first_epoch_seconds, predicted.epoch_seconds
     total = build_seconds + first + (warm or 0.0) * (epochs - 1) + extra.get("finish_seconds", 0.0)
     pred_total = predicted.total_seconds
-    if pred_total is not None and predicted.epoch_seconds is not None and epochs != (profile.settings or {}).get(
-            "epochs", epochs):  # the same model for the epochs run
+    if pred_total is not None and predicted.epoch_seconds is not None and epochs != (
+            profile.settings.epochs or epochs):  # the same model for the epochs run
         pred_total = ((predicted.build_seconds or 0.0) + (pred_first or 0.0) + predicted.epoch_seconds * (epochs - 1))
     return Validation(
         predicted_first_epoch_seconds=pred_first,
@@ -318,7 +318,7 @@ def bare_decode(dataset: Any, workers: int, files: set[str]) -> float:
     return time.perf_counter() - start
 
 
-def _build_parts(recipe_path: str, dataset: Any, profile: Any) -> dict[str, float]:
+def _build_parts(recipe_path: str, dataset: Any, profile: Profile) -> dict[str, float]:
     """The fixed steps of the factory's build, each timed again on their own (the files now warm)."""
 
     parts: dict[str, float] = {}
@@ -331,7 +331,7 @@ def _build_parts(recipe_path: str, dataset: Any, profile: Any) -> dict[str, floa
         start = time.perf_counter()
         check_deterministic(dataset)
         parts["determinism_check"] = time.perf_counter() - start
-        if profile.config.cache != "memory":
+        if not profile.config.cache_in_memory:
             start = time.perf_counter()
             dataset_key(dataset)
             parts["cache_key"] = time.perf_counter() - start
@@ -404,9 +404,9 @@ def validate_fresh(recipe: Any, recipe_path: str | os.PathLike[str], target: str
     (``PATH[:NAME]``), ``recipe_path`` the recipe ``recipe`` was loaded from; ``epochs`` defaults to the
     recipe's. The temporary cache folder is removed afterwards, whatever happens."""
     profile = recipe.profile
-    tuned_batch = (profile.settings or {}).get("batch_size")
+    tuned_batch = profile.settings.batch_size
     batch_size = batch_size or tuned_batch or 32
-    epochs = epochs or (profile.settings or {}).get("epochs") or 2
+    epochs = epochs or profile.settings.epochs or 2
     if epochs < 1:
         raise AutotuneError(f"--epochs must be at least 1, but got {epochs}.")
     if max_batches is not None and max_batches < 2:
@@ -421,6 +421,8 @@ def validate_fresh(recipe: Any, recipe_path: str | os.PathLike[str], target: str
     cache_root = tempfile.mkdtemp(prefix="autotune-validate-")
     env = dict(os.environ)
     env["AUTOTUNE_CACHE_DIR"] = cache_root
+    if profile.ranks_per_node > 1:  # the child chooses the profile a rank of such a job would
+        env["LOCAL_WORLD_SIZE"] = str(profile.ranks_per_node)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p)
     try:
         spawned = time.time()

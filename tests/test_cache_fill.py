@@ -18,6 +18,7 @@ from autotune.loader import filling_source
 from autotune.machine import _hardware as hardware
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.recipe._measured import Measured
+from autotune.recipe._records import DatasetRecord, RunSettings
 from autotune.tuner._space import Space
 
 pytestmark = pytest.mark.timeout(120)
@@ -141,8 +142,8 @@ def test_the_search_space_draws_the_fill_only_with_a_memory_cache():
 
 
 def test_the_factory_fills_while_the_first_epoch_trains(tmp_path):
-    profile = Profile(hardware=hardware.collect(), dataset={"source": "<python object>", "length": 37},
-                      settings={"batch_size": 4, "epochs": 2},
+    profile = Profile(hardware=hardware.collect(), dataset=DatasetRecord(source="<python object>", length=37),
+                      settings=RunSettings(batch_size=4, epochs=2),
                       config=LoaderConfig(cache="memory", cache_fill="first_epoch"), measured=Measured())
     path = tmp_path / "autotune.json"
     RecipeFile.merge_write(path, profile)

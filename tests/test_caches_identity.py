@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from backend_plugin import registered, with_plugin
 from torch.utils.data import Dataset
 
 import autotune
@@ -27,11 +28,13 @@ from autotune.config import LoaderConfig
 from autotune.machine import _hardware as hardware
 from autotune.recipe._factory import cache_location
 from autotune.recipe._file import Profile, RecipeFile
+from autotune.recipe._records import DatasetRecord, RunSettings
 
 pytestmark = pytest.mark.timeout(300)
 
-BACKENDS = ("memory", "pickle", "hdf5", "lmdb")
-DISK = ("pickle", "hdf5", "lmdb")
+BACKENDS = with_plugin(caches.backend_names)  # the built-in ones and the test-only one (backend_plugin)
+DISK = with_plugin(caches.disk_names)
+_plugin = pytest.fixture(autouse=True)(registered)
 DATA = Path(__file__).parent / "data"
 
 
@@ -127,8 +130,8 @@ def private_cache_root(tmp_path, monkeypatch):
 def write_recipe(path, backend, workers=0, context=None, source="tests/test_caches_identity.py:train"):
     config = LoaderConfig.fitted(num_workers=workers, multiprocessing_context=context if workers else None,
                                  persistent_workers=bool(workers), cache=backend)
-    profile = Profile(hardware=hardware.collect(), dataset={"source": source, "length": 12, "fingerprint": "x"},
-                      settings={"batch_size": 4, "epochs": 2}, config=config)
+    profile = Profile(hardware=hardware.collect(), dataset=DatasetRecord(source=source, length=12, fingerprint="x"),
+                      settings=RunSettings(batch_size=4, epochs=2), config=config)
     RecipeFile.merge_write(path, profile)
     return path
 

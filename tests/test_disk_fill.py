@@ -25,6 +25,7 @@ from autotune.config import LoaderConfig
 from autotune.machine import _hardware as hardware
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.recipe._measured import Measured
+from autotune.recipe._records import DatasetRecord, RunSettings
 from autotune.tuner._space import Space
 
 pytestmark = pytest.mark.timeout(180)
@@ -165,8 +166,8 @@ def test_a_killed_fill_is_busy_while_it_lives_and_removed_by_the_next_builder(tm
 
 
 def _recipe(tmp_path: Path, backend: str) -> Path:
-    profile = Profile(hardware=hardware.collect(), dataset={"source": "<python object>", "length": 41},
-                      settings={"batch_size": 4, "epochs": 2},
+    profile = Profile(hardware=hardware.collect(), dataset=DatasetRecord(source="<python object>", length=41),
+                      settings=RunSettings(batch_size=4, epochs=2),
                       config=LoaderConfig(num_workers=2, multiprocessing_context="fork", cache=backend,
                                           cache_fill="first_epoch"), measured=Measured())
     path = tmp_path / "autotune.json"

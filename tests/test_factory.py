@@ -15,6 +15,7 @@ from autotune.config import LoaderConfig
 from autotune.machine import _hardware as hardware
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.recipe._measured import Measured
+from autotune.recipe._records import DatasetRecord, RunSettings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,8 +23,8 @@ pytestmark = pytest.mark.timeout(120)
 def write_recipe(path, *, hw=None, config=None, batch_size=8, measured=None):
     profile = Profile(
         hardware=hw or hardware.collect(),
-        dataset={"source": "tests/workloads.py:Numbers", "length": 40, "fingerprint": "x"},
-        settings={"batch_size": batch_size, "epochs": 2},
+        dataset=DatasetRecord(source="tests/workloads.py:Numbers", length=40, fingerprint="x"),
+        settings=RunSettings(batch_size=batch_size, epochs=2),
         config=config or LoaderConfig(num_workers=2, prefetch_factor=4, persistent_workers=True,
                                       multiprocessing_context="fork"),
         measured=Measured.from_json(measured),
@@ -118,7 +119,9 @@ def test_other_batch_size_is_warned(tmp_path):
 
 
 def test_main_threads_are_applied_and_reported(tmp_path):
-    path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig(main_threads=1))
+    # a recipe that measured a gain: only then does the factory change the process (tests/test_good_guest.py)
+    path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig(main_threads=1),
+                        measured={"total_seconds": 1.0, "default_total_seconds": 2.0})
     before = torch.get_num_threads()
     try:
         loader = autotune.dataloader(Numbers(8), path)
@@ -161,4 +164,4 @@ def test_on_mismatch_search_tunes_here_and_keeps_the_other_profile(tmp_path, mon
     assert recipe.matches_this_machine
     profiles = RecipeFile.read(path).profiles
     assert set(profiles) == {hardware.fingerprint(other), hardware.collect()["fingerprint"]}
-    assert profiles[hardware.collect()["fingerprint"]].settings == {"batch_size": 8, "epochs": 2}
+    assert profiles[hardware.collect()["fingerprint"]].settings == RunSettings(batch_size=8, epochs=2)

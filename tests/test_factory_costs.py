@@ -20,6 +20,7 @@ from autotune.machine._evict import EvictionReport
 from autotune.recipe import _factory_runs
 from autotune.recipe._factory_runs import KEEP, FactoryRun, from_validation, merged
 from autotune.recipe._file import Profile, RecipeFile
+from autotune.recipe._records import DatasetRecord, RunSettings
 from autotune.tuner._factory_costs import FactoryCosts
 from autotune.tuner._study import search
 
@@ -60,7 +61,7 @@ def test_a_bad_factory_run_is_a_recipe_error_naming_it(key, value, message):
 
 def test_a_hostile_factory_runs_list_is_one_line_and_exit_2(tmp_path, capsys):
     hw = hardware.collect()
-    profile = Profile(hardware=hw, dataset={"source": "data.py", "length": 10}, settings={"batch_size": 4})
+    profile = Profile(hardware=hw, dataset=DatasetRecord(source="data.py", length=10), settings=RunSettings(batch_size=4))
     doc = {"format": "autotune-recipe", "version": 2, "profiles": {profile.fingerprint: {
         **profile.to_dict(), "factory_runs": [{**_run().to_json(), "build_seconds": float("inf")}]}}}
     path = tmp_path / "autotune.json"
@@ -89,8 +90,8 @@ def _validation(**changes):
 
 def _profile(config: LoaderConfig = MEMORY, ranks: int | None = None) -> Profile:
     hw = hardware.collect(ranks_per_node=ranks) if ranks else hardware.collect()
-    return Profile(hardware=hw, dataset={"source": "data.py", "length": 40, "fingerprint": "d" * 16},
-                   settings={"batch_size": 8, "epochs": 3}, config=config)
+    return Profile(hardware=hw, dataset=DatasetRecord(source="data.py", length=40, fingerprint="d" * 16),
+                   settings=RunSettings(batch_size=8, epochs=3), config=config)
 
 
 def test_a_validation_is_a_factory_run_only_where_it_stands_for_this_machines_factory():
@@ -201,8 +202,8 @@ def test_a_search_reads_the_recipe_files_factory_runs_and_keeps_them(tmp_path, m
     fp = hardware.fingerprint(hw)
     first = _study.search(_spec(), _opts(tmp_path / "a", max_trials=8), setup=setup, runner=FakeRunner())
     run = _run(first.config, build=1.0, first=1.0, epoch=1.0)
-    profile = Profile(hardware=hw, dataset={"source": "<test>", "length": 1000, "fingerprint": "f" * 16},
-                      settings={"batch_size": 64, "epochs": 3}, config=first.config, factory_runs=(run,))
+    profile = Profile(hardware=hw, dataset=DatasetRecord(source="<test>", length=1000, fingerprint="f" * 16),
+                      settings=RunSettings(batch_size=64, epochs=3), config=first.config, factory_runs=(run,))
     RecipeFile.merge_write(out, profile)
 
     real = _study.search

@@ -25,11 +25,12 @@ from autotune.cli import main
 from autotune.config import LoaderConfig
 from autotune.machine import _hardware as hardware
 from autotune.recipe._file import Profile, RecipeFile
+from autotune.recipe._records import DatasetRecord, RunSettings
 
 pytestmark = pytest.mark.timeout(300)
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-BUDGET = "6s"
+BUDGET = "20s"  # from the dataset file's import on, a hard wall: room for a loaded 2-CPU machine
 
 
 @pytest.fixture
@@ -65,8 +66,8 @@ def _labels(loader, key=1) -> collections.Counter:
 
 
 def _recipe(path: Path, config: LoaderConfig, batch_size: int = 8) -> Path:
-    profile = Profile(hardware=hardware.collect(), dataset={"source": "<test>", "length": 40, "fingerprint": "x"},
-                      settings={"batch_size": batch_size, "epochs": 2}, config=config)
+    profile = Profile(hardware=hardware.collect(), dataset=DatasetRecord(source="<test>", length=40, fingerprint="x"),
+                      settings=RunSettings(batch_size=batch_size, epochs=2), config=config)
     RecipeFile.merge_write(path, profile)
     return path
 
@@ -153,7 +154,36 @@ def test_lightning_datamodule_is_tuned_and_its_recipe_applied(example, caplog, m
         trainer = dm_example.train(limit_train_batches=2)
     assert trainer.global_step == 2
     assert not [w for w in seen if "does not have many workers" in str(w.message)]
-    assert "Lightning's 'does not have many workers' warning is filtered" in caplog.text
+    assert "Lightning's 'train_dataloader does not have many workers' warning is filtered" in caplog.text
+
+
+@pytest.mark.integration
+def test_the_filter_leaves_another_loaders_worker_warning_alone(example, monkeypatch):
+    """On 9eac6c3 the process-wide filter also swallowed the val_dataloader's warning."""
+    import lightning as L
+    import lightning.fabric.utilities.data as fdata
+    from torch.utils.data import DataLoader
+
+    monkeypatch.setattr(fdata, "_num_cpus_available", lambda: 8)
+    _recipe(Path("autotune.json"), LoaderConfig(), batch_size=64)  # this machine's recipe: no workers
+    dm_example = example("lightning_datamodule")
+
+    class WithValidation(dm_example.MyDataModule):
+        def val_dataloader(self):
+            return DataLoader(self.train, batch_size=64)  # the user's own loader
+
+    class Validated(dm_example.TinyClassifier):
+        def validation_step(self, batch, index):
+            return None
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=1, limit_val_batches=1,
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, num_sanity_val_steps=0)
+        trainer.fit(Validated(), datamodule=WithValidation(samples=64))
+    messages = [str(w.message) for w in seen if "does not have many workers" in str(w.message)]
+    assert messages and all("'val_dataloader'" in m for m in messages), messages
 
 
 @pytest.mark.integration
@@ -183,13 +213,13 @@ def test_trainer_arguments_carry_the_loader_settings_and_name_the_rest():
     config = LoaderConfig(num_workers=3, prefetch_factor=4, persistent_workers=True, pin_memory=True,
                           multiprocessing_context="spawn", worker_threads=2, main_threads=1, cache="pickle",
                           allocator="jemalloc")
-    profile = Profile(hardware=hardware.collect(), dataset={}, settings={"batch_size": 8}, config=config)
+    profile = Profile(hardware=hardware.collect(), dataset=DatasetRecord(), settings=RunSettings(batch_size=8), config=config)
     args, lost = autotune.Recipe(profile).trainer_arguments()
     assert args == {"dataloader_num_workers": 3, "dataloader_pin_memory": True,
                     "dataloader_persistent_workers": True, "dataloader_prefetch_factor": 4}
     assert [line.split("=")[0] for line in lost] == ["cache", "multiprocessing_context", "allocator", "main_threads",
                                                      "worker_threads"]
-    plain = Profile(hardware=hardware.collect(), dataset={}, settings={}, config=LoaderConfig())
+    plain = Profile(hardware=hardware.collect(), dataset=DatasetRecord(), settings=RunSettings(), config=LoaderConfig())
     args, lost = autotune.Recipe(plain).trainer_arguments()
     assert args == {"dataloader_num_workers": 0, "dataloader_pin_memory": False,
                     "dataloader_persistent_workers": False, "dataloader_prefetch_factor": None}

@@ -3,6 +3,7 @@ real cgroup made here as root (skipped with the reason where the machine does no
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -253,7 +254,7 @@ def test_the_factory_is_not_killed_by_a_recipe_tuned_with_more_memory(tmp_path):
 
     path = tmp_path / "autotune.json"
     profile = _profile(LoaderConfig(cache="memory"), peak=1300 << 20, plain=350 << 20)  # tuned outside: it fit
-    profile.settings["batch_size"] = 50
+    profile.settings = dataclasses.replace(profile.settings, batch_size=50)
     RecipeFile.merge_write(path, profile)
     try:
         cgroup_cm = MemoryCgroup.make(700 << 20, name="autotune-test")

@@ -18,6 +18,7 @@ import pytest
 from autotune.config import LoaderConfig
 from autotune.machine import _hardware as hardware
 from autotune.recipe._file import Profile, RecipeFile
+from autotune.recipe._records import DatasetRecord, RunSettings
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -46,8 +47,8 @@ def test_import_autotune_loads_no_search_or_cache_dependencies(tmp_path):
 
 @pytest.mark.parametrize("cache, expected", [(None, []), ("pickle", []), ("hdf5", ["h5py"])])
 def test_a_process_that_only_builds_loaders_loads_what_its_recipe_uses(tmp_path, cache, expected):
-    profile = Profile(hardware=hardware.collect(), dataset={"source": "<test>", "length": 40, "fingerprint": "x"},
-                      settings={"batch_size": 8, "epochs": 2}, config=LoaderConfig(num_workers=1, cache=cache))
+    profile = Profile(hardware=hardware.collect(), dataset=DatasetRecord(source="<test>", length=40, fingerprint="x"),
+                      settings=RunSettings(batch_size=8, epochs=2), config=LoaderConfig(num_workers=1, cache=cache))
     RecipeFile.merge_write(tmp_path / "autotune.json", profile)
     code = (
         "import autotune\nfrom workloads import Numbers\n"

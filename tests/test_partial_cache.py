@@ -21,6 +21,7 @@ from autotune.machine._memory_limit import JobMemory
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.recipe._measured import Measured
 from autotune.recipe._memory_fit import fit_memory
+from autotune.recipe._records import DatasetRecord, RunSettings
 from autotune.tuner._candidates import Limits, build_space, partial_shares
 from autotune.tuner._space import Space
 
@@ -208,6 +209,17 @@ def test_a_memory_cache_is_left_out_when_not_even_one_percent_fits():
     assert any(n.startswith("cache memory left out: needs ~") and "--max-memory" in n for n in limits.notes)
 
 
+def test_the_search_names_the_limit_its_budget_comes_from():
+    from autotune.tuner._preparation import _note_limit
+
+    limits = Limits(usable_cpus=1, memory_budget=677 * MIB, disk_free=GIB)
+    _note_limit(limits, job(967 * MIB))
+    assert limits.notes == ["memory budget: 677.0 MiB, 70% of what the cgroup memory limit of 1.2 GiB "
+                            "(/sys/fs/cgroup/memory/job/memory.limit_in_bytes) leaves this job now"]
+    _note_limit(limits, job(967 * MIB, limit=None))
+    assert len(limits.notes) == 1  # the host's memory: nothing to say
+
+
 def test_one_share_is_fixed_not_asked():
     space = Space(max_workers=0, caches=(None, "memory"), cache_shares=(0.3,))
     assert "cache_share" not in space.params_for(LoaderConfig(cache="memory", cache_share=0.3))
@@ -288,8 +300,8 @@ def test_ranks_on_the_node_share_the_budget():
 
 
 def _profile(config: LoaderConfig, peak: int | None = None, plain: int | None = None) -> Profile:
-    return Profile(hardware=hardware.collect(), dataset={"source": "<python object>", "length": 37},
-                   settings={"batch_size": 4, "epochs": 2}, config=config, measured=measured(peak, plain))
+    return Profile(hardware=hardware.collect(), dataset=DatasetRecord(source="<python object>", length=37),
+                   settings=RunSettings(batch_size=4, epochs=2), config=config, measured=measured(peak, plain))
 
 
 def test_the_factory_reads_a_partial_recipe_exactly(tmp_path):

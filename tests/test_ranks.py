@@ -27,6 +27,7 @@ from autotune.dataset._userfile import UserSpec
 from autotune.machine import _hardware as hardware
 from autotune.machine._cpus import ranks_per_node, usable_cpus
 from autotune.recipe._file import Profile, RecipeFile
+from autotune.recipe._records import DatasetRecord, RunSettings
 from autotune.tuner._measure import Plan, Workload
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._predict import Prediction
@@ -60,8 +61,8 @@ def test_a_profile_is_filed_under_hardware_and_ranks(monkeypatch):
 
 def _recipe(path: Path, ranks: int) -> Path:
     hw = hardware.collect(ranks)
-    profile = Profile(hardware=hw, dataset={"source": "data.py:dataset", "length": 64},
-                      settings={"batch_size": 8, "epochs": 1}, config=LoaderConfig(num_workers=1, prefetch_factor=2))
+    profile = Profile(hardware=hw, dataset=DatasetRecord(source="data.py:dataset", length=64),
+                      settings=RunSettings(batch_size=8, epochs=1), config=LoaderConfig(num_workers=1, prefetch_factor=2))
     RecipeFile.merge_write(path, profile)
     return path
 
@@ -213,8 +214,8 @@ def test_the_memory_budget_counts_a_memory_cache_once_per_rank(tmp_path):
 
 
 def _profile(ranks: int, config: LoaderConfig) -> Profile:
-    return Profile(hardware=hardware.collect(ranks), dataset={"source": "data.py:dataset", "length": 64},
-                   settings={"batch_size": 8, "epochs": 1}, config=config)
+    return Profile(hardware=hardware.collect(ranks), dataset=DatasetRecord(source="data.py:dataset", length=64),
+                   settings=RunSettings(batch_size=8, epochs=1), config=config)
 
 
 @pytest.mark.parametrize("cache,words", [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -17,6 +18,7 @@ from autotune.machine import _hardware as hardware
 from autotune.recipe import _file as recipe
 from autotune.recipe._file import Profile, RecipeFile, RecipeMismatchWarning, choose_profile
 from autotune.recipe._measured import Measured, RunFigures, Subset
+from autotune.recipe._records import DatasetRecord, RunSettings
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = DATA / "recipe_v1.json"
@@ -44,8 +46,8 @@ def hw(**changes) -> dict:
 def profile(hardware_: dict | None = None, workers: int = 4, **kw) -> Profile:
     return Profile(
         hardware=hardware_ or hw(),
-        dataset={"source": "examples/jpeg_folder.py:dataset", "length": 2000, "fingerprint": "abc123"},
-        settings={"batch_size": 64, "epochs": 3},
+        dataset=DatasetRecord(source="examples/jpeg_folder.py:dataset", length=2000, fingerprint="abc123"),
+        settings=RunSettings(batch_size=64, epochs=3),
         config=LoaderConfig(num_workers=workers, prefetch_factor=2, persistent_workers=True,
                             multiprocessing_context="fork", cache="memory") if workers else LoaderConfig(),
         measured=Measured.from_json({"epoch_seconds": 1.5, "default_epoch_seconds": 6.0, "speedup": 4.0,
@@ -82,7 +84,7 @@ def test_profile_dict_round_trip_keeps_unknown_keys():
 
 
 def test_profile_defaults():
-    p = Profile(hardware=hw(), dataset={"source": "<python object: Foo>", "length": 3}, settings={})
+    p = Profile(hardware=hw(), dataset=DatasetRecord(source="<python object: Foo>", length=3), settings=RunSettings())
     assert p.config == LoaderConfig() and p.measured == Measured()
     assert p.created.startswith("20")
     assert p.fingerprint == hw()["fingerprint"]
@@ -381,7 +383,7 @@ def test_choose_bad_mode_and_empty_file():
 
 def test_regenerate_command_for_python_object():
     p = profile()
-    p.dataset["source"] = "<python object: MyDataset>"
+    p.dataset = dataclasses.replace(p.dataset, source="<python object: MyDataset>")
     assert "autotune.search(dataset" in recipe.regenerate_command(p)
     assert recipe.regenerate_command(profile()) == "`autotune search examples/jpeg_folder.py:dataset`"
 
@@ -412,3 +414,26 @@ def test_measured_round_trips_exactly_and_derives_the_speedup():
 def test_bad_measured_figures_are_one_line_recipe_errors(key, value, message):
     with pytest.raises(RecipeError, match=re.escape(message)):
         Measured.from_json({key: value})
+
+
+@pytest.mark.parametrize("record", [
+    DatasetRecord(source="data.py:dataset", length=2000, fingerprint="abc"),
+    DatasetRecord(source="data.py:stream", length=400, stream=True, length_known=True),
+    DatasetRecord(source="data.py:stream", stream=True),
+    DatasetRecord(),
+])
+def test_a_dataset_record_reads_back_what_it_wrote(record):
+    assert DatasetRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
+
+
+def test_records_keep_a_newer_autotunes_keys_and_refuse_wrong_types():
+    data = {"source": "d.py", "length": 3, "shards": 4}
+    assert DatasetRecord.from_json(data).to_json() == data
+    assert RunSettings.from_json({"batch_size": 8, "warmup": 2}).to_json() == {"batch_size": 8, "warmup": 2}
+    for bad, field in (({"length": -1}, "dataset.length"), ({"length": True}, "dataset.length"),
+                       ({"stream": "yes"}, "dataset.stream"), ({"source": 3}, "dataset.source")):
+        with pytest.raises(RecipeError, match=field):
+            DatasetRecord.from_json(bad)
+    for bad in ({"batch_size": 0}, {"epochs": 1.5}, {"batch_size": "8"}):
+        with pytest.raises(RecipeError, match="must be a positive integer"):
+            RunSettings.from_json(bad)

@@ -65,7 +65,7 @@ def test_text_and_python_values_read_the_same():
 
 def test_the_finalists_share_is_stated_in_help():
     text = _search_parser().format_help()
-    assert "finalists' re-measurement may add 25% of it (at least 5 s)" in " ".join(text.split())
+    assert "measurement may add 25% of it (at least 5 s), then the search returns" in " ".join(text.split())
     clock = SearchOptions(budget=100).clock()
     assert clock.wall - clock.budget_end == 25.0
     clock = SearchOptions(budget=8).clock()

@@ -16,6 +16,7 @@ from autotune.loader import FactorySite, prepare_source
 from autotune.recipe._factory import build_loader
 from autotune.recipe._file import Profile
 from autotune.recipe._measured import Measured
+from autotune.recipe._records import DatasetRecord, RunSettings
 from autotune.tuner._measure import Plan, TrialSite, Workload, measure
 
 KINDS = [
@@ -97,7 +98,7 @@ def test_a_random_dataset_gets_no_cache_in_the_trial_as_in_the_factory(tmp_path,
     """The factory refuses to cache samples that differ on two reads; a trial that cached them anyway
     measured a loader the user never gets."""
     dataset = RandomRows()
-    profile = Profile(hardware={}, dataset={}, settings={"batch_size": 8}, config=config, measured=Measured())
+    profile = Profile(hardware={}, dataset=DatasetRecord(), settings=RunSettings(batch_size=8), config=config, measured=Measured())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loader = build_loader(profile, dataset, cache_dir=tmp_path / "caches", progress=False,

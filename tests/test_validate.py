@@ -16,6 +16,7 @@ from autotune.config import LoaderConfig
 from autotune.machine import _hardware as hardware
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.recipe._measured import Measured
+from autotune.recipe._records import DatasetRecord, RunSettings
 from autotune.tuner._predict import EpochTiming, scale_epoch
 
 pytestmark = pytest.mark.timeout(120)
@@ -27,8 +28,8 @@ MEASURED = {"first_epoch_seconds": 2.0, "epoch_seconds": 0.5, "build_seconds": 0
 def write_recipe(path, *, config=None, batch_size=8):
     profile = Profile(
         hardware=hardware.collect(),
-        dataset={"source": "<python object: FileSamples>", "length": 40, "fingerprint": "x"},
-        settings={"batch_size": batch_size, "epochs": 2},
+        dataset=DatasetRecord(source="<python object: FileSamples>", length=40, fingerprint="x"),
+        settings=RunSettings(batch_size=batch_size, epochs=2),
         config=config or LoaderConfig(),
         measured=Measured.from_json(dict(MEASURED)),
     )

@@ -7,6 +7,7 @@ import re
 import textwrap
 from typing import Any
 
+from autotune.cli._options import add_json, add_ranks_per_node, add_recipe, print_json
 from autotune.machine import _hardware as hardware
 from autotune.machine import ranks_per_node
 from autotune.process import PRELOAD_ALLOCATORS, command_line
@@ -26,14 +27,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Show every profile in the recipe file: machine, dataset, DataLoader "
         "settings, cache, and what was measured; this machine's profile is marked.",
     )
-    p.add_argument("recipe", nargs="?", default="autotune.json", help="recipe file (default: autotune.json)")
+    add_recipe(p, positional=True)
+    add_ranks_per_node(p)
+    add_json(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     rf = RecipeFile.read(args.recipe)
     # the profile this rank's factory would choose: torchrun's LOCAL_WORLD_SIZE, as `check` and load() read it
-    hw = hardware.collect(ranks_per_node=ranks_per_node())
+    hw = hardware.collect(ranks_per_node=ranks_per_node(args.ranks_per_node))
+    if args.json:
+        print_json({"recipe": str(args.recipe), "machine": hw["fingerprint"], "version": VERSION,
+                    "profiles": {key: p.to_dict() for key, p in rf.profiles.items()}})
+        return 0
     print(render(rf, hw, str(args.recipe)))
     return 0
 
@@ -86,13 +93,13 @@ def _rows(p: Profile) -> list[tuple[str, str]]:
         rows[-1] = ("machine", rows[-1][1] + f", /dev/shm {hardware.format_bytes(p.hardware['shm_bytes'])}")
 
     d, s = p.dataset, p.settings
-    ds = [str(d.get("source") or "unknown source")]
-    if d.get("length") is not None:
-        ds.append(f"{d['length']} samples")
-    if s.get("batch_size") is not None:
-        ds.append(f"batch {s['batch_size']}")
-    if s.get("epochs") is not None:
-        ds.append(f"{s['epochs']} epochs")
+    ds = [d.source or "unknown source"]
+    if d.length is not None:
+        ds.append(f"{d.length} samples")
+    if s.batch_size is not None:
+        ds.append(f"batch {s.batch_size}")
+    if s.epochs is not None:
+        ds.append(f"{s.epochs} epochs")
     rows.append(("dataset", ", ".join(ds)))
 
     c = p.config
@@ -118,10 +125,13 @@ def _rows(p: Profile) -> list[tuple[str, str]]:
     if total:
         text = f"{total} in all" + (f" vs {dtotal} for the default" if dtotal else "")
         if m.speedup is not None:
-            text += f": {m.speedup:.2f}x as fast"
+            text += f": {m.speedup_text()}"
         rows.append(("total", text))
     if m.is_default:
-        rows.append(("verdict", "the plain default was fastest here; the recipe is the default"))
+        rows.append(("verdict", "no candidate was measurably faster than the plain default; the recipe is the "
+                                "default"))
+    if m.noisy:
+        rows.append(("warning", m.noisy))
     if m.peak_memory_bytes is not None:
         together = f", the {p.ranks_per_node} ranks together" if p.ranks_per_node > 1 else ""
         rows.append(("memory", f"peak {hardware.format_bytes(m.peak_memory_bytes)} (main + workers{together})"))

@@ -21,6 +21,8 @@ from autotune.dataset._stream import (
     stream_length,
 )
 from autotune.dataset._userfile import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_EPOCHS,
     UserSpec,
     check_dataset,
     import_file,
@@ -31,6 +33,8 @@ from autotune.dataset._userfile import (
 from autotune.dataset._watchdog import guarded, reading
 
 __all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_EPOCHS",
     "Probe",
     "Resolved",
     "UserSpec",

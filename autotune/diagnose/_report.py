@@ -29,7 +29,7 @@ from autotune._units import format_bytes, format_seconds
 from autotune.config import DEFAULT, LoaderConfig
 from autotune.errors import AutotuneError, MeasurementError
 from autotune.machine import _hardware as hardware
-from autotune.recipe._file import RecipeFile, choose_profile
+from autotune.recipe._file import Profile, RecipeFile, choose_profile
 from autotune.recipe._measured import Measured
 from autotune.tuner._measurement import Measurement
 
@@ -229,7 +229,7 @@ def _label(config: dict[str, Any]) -> str:
     return text.replace("persistent_workers", "persistent").replace("prefetch_factor", "prefetch")
 
 
-def _finalist_rows(profile: Any) -> list[tuple[str, list[float], str]]:
+def _finalist_rows(profile: Profile) -> list[tuple[str, list[float], str]]:
     """(label, runs in seconds, role) for each finalist: role "chosen", "default" or "finalist"."""
     chosen = profile.config
     m = profile.measured
@@ -246,7 +246,7 @@ def _finalist_rows(profile: Any) -> list[tuple[str, list[float], str]]:
     return out
 
 
-def _plot_finalists(profile: Any) -> bytes:
+def _plot_finalists(profile: Profile) -> bytes:
     plt = _pyplot()
     rows = _finalist_rows(profile)
     fig, ax = plt.subplots(figsize=(9, 0.7 * len(rows) + 1.6))
@@ -271,7 +271,7 @@ def _plot_finalists(profile: Any) -> bytes:
     return _png(fig)
 
 
-def _cold_warm_rows(profile: Any, rows: list[TrialRow] | None) -> list[tuple[str, float, float, str]]:
+def _cold_warm_rows(profile: Profile, rows: list[TrialRow] | None) -> list[tuple[str, float, float, str]]:
     m = profile.measured
     chosen = profile.config
     out = [(_label(chosen.to_json()), m.chosen.first_epoch_seconds or 0.0, m.chosen.epoch_seconds or 0.0, "chosen")]
@@ -292,7 +292,7 @@ def _cold_warm_rows(profile: Any, rows: list[TrialRow] | None) -> list[tuple[str
     return out
 
 
-def _plot_cold_warm(profile: Any, rows: list[TrialRow] | None) -> bytes:
+def _plot_cold_warm(profile: Profile, rows: list[TrialRow] | None) -> bytes:
     plt = _pyplot()
     data = _cold_warm_rows(profile, rows)
     fig, ax = plt.subplots(figsize=(9, 0.8 * len(data) + 1.6))
@@ -377,17 +377,17 @@ def build_report(recipe_path: str | os.PathLike[str], output: str | os.PathLike[
     images["cold-warm"] = _plot_cold_warm(profile, rows)
 
     config = profile.config
-    parts = [f"<h1>autotune report: {html.escape(str(profile.dataset.get('source', '?')))}</h1>"]
+    parts = [f"<h1>autotune report: {html.escape(profile.dataset.source or '?')}</h1>"]
     summary = [
         ("recipe file", str(recipe_path)),
         ("chosen settings", config.describe() + (" (the plain default)" if m.is_default else "")),
         ("whole run", f"{format_seconds(m.chosen.total_seconds or 0)} vs "
                       f"{format_seconds(m.default.total_seconds or 0)} for the default: "
-                      f"{m.speedup or 1:.2f}x faster"),
+                      f"{m.speedup_text()}"),
         ("epoch (warm)", f"{format_seconds(m.chosen.epoch_seconds or 0)} vs "
                          f"{format_seconds(m.default.epoch_seconds or 0)}"),
         ("peak memory", format_bytes(m.peak_memory_bytes or 0)),
-        ("batch size, epochs", f"{profile.settings.get('batch_size')}, {profile.settings.get('epochs')}"),
+        ("batch size, epochs", f"{profile.settings.batch_size}, {profile.settings.epochs}"),
         ("trials", f"{m.trials if m.trials is not None else '?'} ({m.pruned_trials} pruned, "
                    f"{m.failed_trials} failed)"),
         ("tuned", profile.created),

@@ -17,9 +17,11 @@ from autotune.loader import with_transform
 
 log = logging.getLogger("autotune")
 
-# Lightning's message (lightning/pytorch/trainer/connectors/data_connector.py, ``_worker_check``);
-# its category is PossibleUserWarning, a UserWarning from ``lightning`` or ``lightning_fabric``.
-WORKER_WARNING = r"The '\w+' does not have many workers"
+# Lightning's message (lightning/pytorch/trainer/connectors/data_connector.py, ``_worker_check``), naming the
+# loader it checks; its category is PossibleUserWarning, a UserWarning from ``lightning`` or
+# ``lightning_fabric``. Only the training loader's is filtered: the recipe measured the training data, not
+# the validation set a val_dataloader reads.
+WORKER_WARNING = r"The 'train_dataloader' does not have many workers"
 
 
 def plain_loader(dataset: Any, calls: list[Resolved], *, transform: Callable[..., Any] | None = None,
@@ -34,15 +36,16 @@ def plain_loader(dataset: Any, calls: list[Resolved], *, transform: Callable[...
     return DataLoader(with_transform(dataset, transform, is_stream(dataset)), **kwargs)
 
 
-def quiet_worker_warning(profile: Any) -> None:
-    """Filter exactly Lightning's "does not have many workers" warning when the recipe chose no workers by
-    measurement; said once in the log, with the figure that justifies it."""
+def quiet_worker_warning(note: str = "") -> None:
+    """Filter exactly Lightning's "does not have many workers" warning of the training loader when the recipe
+    chose no workers by measurement; said once in the log, with the figure that justifies it (the recipe's
+    ``note``)."""
     if "lightning" not in sys.modules and "pytorch_lightning" not in sys.modules:
         return
     for action, message, *_ in warnings.filters:
         if action == "ignore" and message is not None and message.pattern == WORKER_WARNING:
             return
     warnings.filterwarnings("ignore", message=WORKER_WARNING, category=UserWarning)
-    note = profile.measured.note
-    log.info("autotune: Lightning's 'does not have many workers' warning is filtered: this machine's recipe "
-             "chose num_workers=0 by measurement%s", f" ({note})" if note else "")
+    log.info("autotune: Lightning's 'train_dataloader does not have many workers' warning is filtered (not "
+             "another loader's): this machine's recipe chose num_workers=0 by measurement%s",
+             f" ({note})" if note else "")

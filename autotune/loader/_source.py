@@ -30,6 +30,7 @@ from autotune.caches import (
     can_gather,
     collate_gathered,
     dataset_key,
+    get_backend,
     last_line,
     open_or_build,
     open_or_fill,
@@ -153,7 +154,7 @@ def prepare_source(dataset: Any, config: LoaderConfig, site: CacheSite, *, trans
 def _cache(dataset: Any, config: LoaderConfig, site: CacheSite, timer: Timer | None) -> Any:
     backend = config.cache
     assert backend is not None
-    key = {} if backend == "memory" else _timed(timer, "key", lambda: dataset_key(dataset))
+    key = {} if get_backend(backend).in_memory else _timed(timer, "key", lambda: dataset_key(dataset))
     if config.cache_share is not None:
         share, fill = config.cache_share, config.cache_fill
         site.before("partial", backend, dataset)
@@ -197,7 +198,7 @@ class FactorySite:
                              workers=self.workers)
 
     def fill(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
-        if backend == "memory":
+        if get_backend(backend).in_memory:
             return FirstEpochCache(dataset)
         return open_or_fill(backend, dataset, root=self.root, manifest=key)
 

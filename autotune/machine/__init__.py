@@ -1,5 +1,6 @@
 """The machine a recipe is tuned on: hardware facts and fingerprint (``_hardware``), the CPUs this
-process may use (``_cpus``), memory and its budget (``_memory``, ``_memory_file``, ``_first_touch``),
+process may use (``_cpus``), memory, the job's limit and its budget (``_memory``, ``_memory_limit``,
+``_memory_file``, ``_first_touch``),
 /dev/shm (``_shm``), and page-cache eviction for cold reads (``_evict``).  See docs/architecture.md.
 """
 
@@ -16,17 +17,20 @@ from autotune.machine._evict import (
 from autotune.machine._first_touch import first_touch_seconds
 from autotune.machine._memory import default_budget, tree_pss, tree_rss
 from autotune.machine._memory_file import FileColumn
+from autotune.machine._memory_limit import JobMemory, job_memory
 from autotune.machine._shm import batch_bytes, shm_free, shm_rule
 
 __all__ = [
     "EvictionReport",
     "FileColumn",
+    "JobMemory",
     "SourceFiles",
     "batch_bytes",
     "build_workers",
     "default_budget",
     "evict",
     "files_under",
+    "job_memory",
     "first_touch_seconds",
     "fits_page_cache",
     "ranks_per_node",

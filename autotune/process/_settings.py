@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from autotune.process import _allocator as _alloc
 
 PRELOAD_ALLOCATORS = tuple(_alloc.PRELOAD_LIBRARIES)  # ("tcmalloc", "jemalloc")
@@ -224,23 +226,70 @@ def _runtime_allocator(settings: ProcessSettings, where: str, out: Applied) -> b
     return False
 
 
+_MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX",
+               "GLIBC_TUNABLES")
+_ours: dict[str, int] = {}  # what this module set in this process (so a second loader does not take it for the user's)
+
+
+def torch_default_threads() -> set[int]:
+    """The intra-op thread counts torch starts with here, without OMP_NUM_THREADS/MKL_NUM_THREADS: one per
+    usable CPU (GNU OpenMP honours the affinity mask) or one per physical core."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    physical = psutil.cpu_count(logical=False) or usable
+    return {usable, min(usable, physical), os.cpu_count() or usable}
+
+
+def users_threads() -> str | None:
+    """How the user set this process's intra-op threads, when they did ("OMP_NUM_THREADS=1",
+    "torch.set_num_threads(1)"); None when it is torch's default (or autotune's own earlier setting)."""
+    import torch
+
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if os.environ.get(name, "").strip():
+            return f"{name}={os.environ[name].strip()}"
+    current = torch.get_num_threads()
+    if current == _ours.get("threads") or current in torch_default_threads():
+        return None
+    return f"torch.set_num_threads({current})"
+
+
+def users_allocator() -> str | None:
+    """The glibc malloc tunables the user set in the environment, when they did."""
+    found = [name for name in _MALLOC_ENV if os.environ.get(name)]
+    return ", ".join(f"{n}={os.environ[n]}" for n in found) or None
+
+
 def apply_at_runtime(settings: ProcessSettings) -> Applied:
     """Apply now, in this (main) process, what can be applied at run time; report the rest.
 
     Applies mallopt (glibc-tuned, also as the stand-in for a preload this process lacks) and
-    ``torch.set_num_threads(main_threads)``. Reports a preload this process was not started with as
-    not applied. Worker settings are applied by :func:`worker_init`.
+    ``torch.set_num_threads(main_threads)``, each only where the user has not set it: a thread count the
+    user chose (OMP_NUM_THREADS, or torch.set_num_threads to other than torch's default) and malloc
+    tunables in the environment win, and the report says so. Reports a preload this process was not
+    started with as not applied. Worker settings are applied by :func:`worker_init`.
     """
     out = Applied()
-    _runtime_allocator(settings, "main process", out)
+    mine = users_allocator()
+    if mine is not None and settings.allocator != "glibc":
+        out.not_applied.append(f"allocator {settings.allocator}: the user's {mine} kept (set by the user)")
+    else:
+        _runtime_allocator(settings, "main process", out)
     if settings.main_threads is not None:
         import torch
 
         before = torch.get_num_threads()
-        torch.set_num_threads(settings.main_threads)
-        out.applied.append(
-            f"torch.set_num_threads({settings.main_threads}) in main process (was {before})"
-        )
+        theirs = users_threads()
+        if before == settings.main_threads:
+            pass  # already so: nothing changes
+        elif theirs is not None:
+            out.not_applied.append(f"main_threads={settings.main_threads}: the user's {theirs} kept (set by the "
+                                   "user, which wins over the recipe)")
+        else:
+            torch.set_num_threads(settings.main_threads)
+            _ours["threads"] = settings.main_threads
+            out.applied.append(
+                f"torch.set_num_threads({settings.main_threads}) in main process (was torch's default {before})"
+            )
     return out
 
 

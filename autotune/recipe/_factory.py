@@ -24,9 +24,12 @@ from autotune.config import WORKER_ONLY as _WORKER_ONLY
 from autotune.config import ConfigError, LoaderConfig
 from autotune.dataset import is_stream
 from autotune.errors import AutotuneError, DatasetError
+from autotune.integrations._lightning import quiet_worker_warning
 from autotune.loader import FactorySite, make_loader, prepare_source
 from autotune.machine import ranks_per_node
 from autotune.process import apply_at_runtime
+from autotune.recipe._file import Profile
+from autotune.recipe._measured import Measured
 
 log = logging.getLogger("autotune")
 
@@ -62,7 +65,7 @@ def _caller_stacklevel() -> int:
     return level
 
 
-def _resolve(profile: Any, overrides: dict[str, Any], cache: Any) -> tuple[LoaderConfig, Resolution]:
+def _resolve(profile: Profile, overrides: dict[str, Any], cache: Any) -> tuple[LoaderConfig, Resolution]:
     """The configuration to build: the caller's keywords over the recipe's. A caller's worker-only
     keyword with no workers is refused (as DataLoader would); the recipe's is dropped."""
     base: LoaderConfig = profile.config
@@ -93,24 +96,24 @@ def _resolve(profile: Any, overrides: dict[str, Any], cache: Any) -> tuple[Loade
     return config, res
 
 
-def cache_location(profile: Any, dataset: Any, cache_dir: str | Path | None = None) -> Path | None:
+def cache_location(profile: Profile, dataset: Any, cache_dir: str | Path | None = None) -> Path | None:
     """Where the factory keeps the recipe's disk cache for ``dataset`` (None: memory or no cache). A cache
     belongs to the dataset actually passed (its key, ``caches._key``), never to anything the recipe says,
     so a train and a val set through one recipe get two caches."""
     backend = profile.config.cache
-    if backend in (None, "memory"):
+    if backend is None or profile.config.cache_in_memory:
         return None
     root = Path(cache_dir) if cache_dir is not None else default_root()
     return cache_path(backend, root, expected_manifest(dataset_key(dataset), range(len(dataset))))
 
 
-def _fit_memory(config: LoaderConfig, profile: Any, dataset: Any, res: Resolution, stream: bool,
+def _fit_memory(config: LoaderConfig, profile: Profile, dataset: Any, res: Resolution, stream: bool,
                 batch_size: int) -> LoaderConfig:
     """``config`` fitted to the memory this job may take now (``recipe._memory_fit``); a change is said in
     one line naming the limit."""
     from autotune.recipe._memory_fit import fit_memory
 
-    if not config.num_workers and (stream or config.cache != "memory"):
+    if not config.num_workers and (stream or not config.cache_in_memory):
         return config  # nothing the recipe adds that a smaller choice would save
     fit = fit_memory(config, profile.measured, dataset, batch_size=batch_size, ranks=ranks_per_node(),
                      keep_workers=res.sources.get("num_workers") == "caller")
@@ -135,7 +138,17 @@ def world_size() -> int:
         return 1
 
 
-def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | None = None,
+def _measured_gain(m: Measured) -> bool:
+    """Whether the recipe measured its configuration faster than the default: its interval above 1 (a recipe
+    of an older version: its speed-up)."""
+    if m.is_default:
+        return False
+    if m.interval is not None:
+        return m.interval.low > 1.0
+    return (m.speedup or 0.0) > 1.0
+
+
+def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any] | None = None,
                  cache: str | None = FROM_RECIPE, cache_dir: str | os.PathLike[str] | None = None,
                  apply_process_settings: bool = True, progress: bool = True,
                  loader_cls: type[DataLoader[Any]] = DataLoader, **overrides: Any) -> DataLoader[Any]:
@@ -148,7 +161,7 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
         hint = " (a function that makes one? call it)" if callable(dataset) else ""
         raise DatasetError(f"autotune.dataloader got a {type(dataset).__name__}, not a dataset{hint}: it needs "
                            "__getitem__(int) and __len__() (map-style), or to be a torch.utils.data.IterableDataset.")
-    tuned_batch = (profile.settings or {}).get("batch_size")
+    tuned_batch = profile.settings.batch_size
     if "batch_sampler" not in overrides:
         overrides.setdefault("batch_size", tuned_batch or 1)
     elif tuned_batch:
@@ -168,15 +181,21 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
         raise AutotuneError(f"A stream (IterableDataset) cannot be cached (cache={config.cache!r}): a cache would "
                             "replay one recorded pass, freezing its order; pass cache=None.")
     # The process settings first, so the cache build runs under them, as a trial's build did.
+    main = replace(config.process_settings(), worker_threads=None)
+    if apply_process_settings and not _measured_gain(profile.measured) and main != replace(main, allocator="glibc",
+                                                                                           main_threads=None):
+        # The user's process is changed only for a measured gain (an older recipe may lack the interval).
+        log.info("autotune left this process's allocator and threads alone: the recipe measured no gain from it")
+        main = replace(main, allocator="glibc", main_threads=None)
     if apply_process_settings:
-        applied = apply_at_runtime(replace(config.process_settings(), worker_threads=None))
+        applied = apply_at_runtime(main)
         res.applied, res.not_applied = list(applied.applied), list(applied.not_applied)
         if config.num_workers and (config.worker_threads or config.allocator != "glibc"):
             res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
     else:
         config = config.replace(allocator="glibc", main_threads=None, worker_threads=None)
     config = _fit_memory(config, profile, dataset, res, stream, overrides.get("batch_size") or 1)
-    if config.cache_fill == "first_epoch" and config.cache != "memory" and world_size() > 1:
+    if config.cache_fill == "first_epoch" and not config.cache_in_memory and world_size() > 1:
         # each rank's first epoch reads its shard only: the node's one cache would never be whole
         config = config.replace(cache_fill="build")
         res.not_applied.append(f"cache_fill='first_epoch' with the {config.cache} cache in a job of several ranks: "
@@ -197,9 +216,7 @@ def build_loader(profile: Any, dataset: Any, *, transform: Callable[..., Any] | 
     loader = make_loader(data, config, user_worker_init=user_init, loader_cls=loader_cls, **overrides)
     loader.autotune = res
     if not config.num_workers and res.sources.get("num_workers") == "recipe":
-        from autotune.integrations._lightning import quiet_worker_warning
-
-        quiet_worker_warning(profile)
+        quiet_worker_warning(profile.measured.note)
     log.info("autotune DataLoader: %s", res.describe())
     for line in res.applied:
         log.info("autotune applied: %s", line)

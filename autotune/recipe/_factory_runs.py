@@ -19,10 +19,13 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.config import LoaderConfig
 from autotune.errors import RecipeError
+
+if TYPE_CHECKING:  # the profile holds these runs: recipe/_file.py imports this module
+    from autotune.recipe._file import Profile
 
 # how a search's note that its figures were learned from these runs begins (``autotune show`` finds it)
 FACTORY_NOTE = "predicted from runs of the factory on this machine (autotune validate)"
@@ -115,7 +118,7 @@ def merged(old: tuple[FactoryRun, ...], new: tuple[FactoryRun, ...]) -> tuple[Fa
     return tuple(out[-KEEP:])
 
 
-def from_validation(validation: Any, profile: Any) -> FactoryRun | None:
+def from_validation(validation: Any, profile: Profile) -> FactoryRun | None:
     """The factory run a validation measured, or None where it does not stand for this machine's factory:
     not a fresh process, the recipe of other hardware, several ranks per node (a validation runs one), a
     dataset the validation did not fingerprint, or source files it found and could not evict (its first

@@ -36,6 +36,7 @@ from autotune.machine import _hardware
 from autotune.recipe import _factory_runs
 from autotune.recipe._factory_runs import FactoryRun
 from autotune.recipe._measured import Measured
+from autotune.recipe._records import DatasetRecord, RunSettings
 
 __all__ = [
     "FORMAT",
@@ -80,8 +81,8 @@ class Profile:
     """One machine's recipe for one dataset: the fields of a profile in ``autotune.json``."""
 
     hardware: dict[str, Any]
-    dataset: dict[str, Any]
-    settings: dict[str, Any]
+    dataset: DatasetRecord = field(default_factory=DatasetRecord)
+    settings: RunSettings = field(default_factory=RunSettings)
     config: LoaderConfig = field(default_factory=LoaderConfig)
     measured: Measured = field(default_factory=Measured)
     created: str = field(default_factory=_now)
@@ -113,7 +114,8 @@ class Profile:
                 if value:  # written once a validation has measured the factory
                     out[name] = [run.to_json() for run in value]
             else:
-                out[name] = value.to_json() if isinstance(value, (LoaderConfig, Measured)) else copy.deepcopy(value)
+                out[name] = (value.to_json() if isinstance(value, (LoaderConfig, Measured, DatasetRecord, RunSettings))
+                             else copy.deepcopy(value))
         out["hardware"]["fingerprint"] = self.fingerprint
         for key, value in self.extra.items():
             out.setdefault(key, copy.deepcopy(value))
@@ -129,24 +131,12 @@ class Profile:
         for name in ("hardware", "dataset", "config"):
             if not isinstance(data.get(name), dict):
                 raise RecipeError(f"a profile has no {name!r} object")
-        for name in ("settings",):
-            if data.get(name) is not None and not isinstance(data[name], dict):
-                raise RecipeError(f"a profile's {name!r} must be an object")
         _check_hardware(data["hardware"])
-        settings = data.get("settings") or {}
-        for name in ("batch_size", "epochs"):
-            value = settings.get(name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or not 1 <= value <= _MAX_INT):
-                raise RecipeError(f"a profile's settings.{name} must be a positive integer, but got {value!r}")
-        for name in ("source", "fingerprint"):
-            if data["dataset"].get(name) is not None and not isinstance(data["dataset"][name], str):
-                raise RecipeError(f"a profile's dataset.{name} must be a string")
         data = copy.deepcopy(data)
         return cls(
             hardware=data["hardware"],
-            dataset=data["dataset"],
-            settings=settings,
+            dataset=DatasetRecord.from_json(data["dataset"]),
+            settings=RunSettings.from_json(data.get("settings")),
             config=LoaderConfig.from_json(data["config"]),
             measured=Measured.from_json(data.get("measured")),
             created=str(data.get("created") or ""),
@@ -220,7 +210,7 @@ _MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_
 
 def regenerate_command(profile: Profile | None = None) -> str:
     """The command that re-tunes ``profile``'s dataset on this machine."""
-    source = (profile.dataset.get("source") if profile else None) or ""
+    source = profile.dataset.source if profile else ""
     if not source or source.startswith("<"):
         # tuned from Python (autotune.search(dataset)): no file to name
         return "`autotune search DATASET.py` (or autotune.search(dataset, ...) in Python)"

@@ -84,6 +84,37 @@ class Finalist:
 
 
 @dataclass(frozen=True)
+class Interval:
+    """A speed-up over the default and its 95% interval (tuner/_significance.py)."""
+
+    speedup: float
+    low: float
+    high: float
+
+    def text(self) -> str:
+        """"3.4x (3.1-3.8x)"; two decimals below 2x, where they matter."""
+        d = 2 if self.speedup < 2 else 1
+        return f"{self.speedup:.{d}f}x ({self.low:.{d}f}\u2013{self.high:.{d}f}x)"
+
+    def to_json(self) -> dict[str, float]:
+        return {"speedup": self.speedup, "low": self.low, "high": self.high}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Interval | None:
+        if data is None:
+            return None
+        if not isinstance(data, dict):
+            raise RecipeError("a profile's measured.interval must be an object")
+        values = [_number(data, k) for k in ("speedup", "low", "high")]
+        if any(v is None or v <= 0 for v in values) or not values[1] <= values[0] <= values[2]:
+            raise RecipeError("a profile's measured.interval must hold 0 < low <= speedup <= high")
+        return cls(*values)
+
+
+NO_DIFFERENCE = "no measurable difference"
+
+
+@dataclass(frozen=True)
 class Phase:
     """One phase of a validated run: what the recipe predicted and what the run took (seconds)."""
 
@@ -185,6 +216,23 @@ class Measured:
     study_name: str = ""
     study_storage: str = ""
     validation: ValidationRecord | None = None  # written by ``autotune validate`` (_validate.py)
+    # the chosen configuration's speed-up with its interval; for a recipe that is the default, the best
+    # candidate's (tied with the default, which is why it lost)
+    interval: Interval | None = None
+    noisy: str = ""  # why the machine was too noisy to tell, when it was
+
+    def speedup_text(self) -> str:
+        """"3.4x (3.1-3.8x) as fast" or "no measurable difference" (never "1.00x")."""
+        if self.is_default:
+            if self.interval is None:
+                return NO_DIFFERENCE
+            return f"{NO_DIFFERENCE} (the best candidate: {self.interval.text()})"
+        if self.interval is not None:
+            return f"{self.interval.text()} as fast"
+        speedup = self.speedup
+        if speedup is None or round(speedup, 2) == 1.0:
+            return NO_DIFFERENCE
+        return f"{speedup:.2f}x as fast"
 
     @property
     def speedup(self) -> float | None:
@@ -225,6 +273,10 @@ class Measured:
                        for f in self.finalists],
             study={"name": self.study_name, "storage": self.study_storage},
         )
+        if self.interval is not None:
+            out["interval"] = self.interval.to_json()
+        if self.noisy:
+            out["noisy"] = self.noisy
         if self.validation is not None:
             out["validation"] = self.validation.to_json()
         return out
@@ -276,4 +328,6 @@ class Measured:
             study_name=_text(study, "name"),
             study_storage=_text(study, "storage"),
             validation=validation,
+            interval=Interval.from_json(data.get("interval")),
+            noisy=_text(data, "noisy"),
         )

@@ -32,8 +32,9 @@ def _user(help: str, flag: str | None = None) -> dict[str, Any]:
 @dataclass
 class SearchOptions:
     budget: float = field(default=120.0, metadata=_user(
-        "time budget of the search, e.g. 90s, 2m, 1h; the finalists' re-measurement may add "
-        f"{FINALISTS_SHARE * 100:.0f}%% of it (at least {FINALISTS_MIN_S:.0f} s), then the search returns"))
+        "time budget of the search, e.g. 90s, 2m, 1h, from the dataset file's import on; the finalists' "
+        f"re-measurement may add {FINALISTS_SHARE * 100:.0f}%% of it (at least {FINALISTS_MIN_S:.0f} s), then the "
+        "search returns"))
     workdir: Path = field(default=Path(".autotune"), metadata=_user("where studies, logs and trial caches live"))
     storage: str | None = field(default=None, metadata=_user(
         "Optuna storage URL shared by a fleet, e.g. postgresql://USER@HOST/DB (default: an SQLite file in "
@@ -59,7 +60,7 @@ class SearchOptions:
     # what the factory cost, by hardware fingerprint: the recipe file's factory_runs (recipe/_factory_runs.py)
     factory_runs: dict[str, tuple[FactoryRun, ...]] = field(default_factory=dict)
     # when the budget's clock started (time.monotonic()); None: when the search starts. The command line
-    # starts it with the process, so the wall it promises is the one the user times.
+    # starts it before the dataset file is imported.
     started: float | None = None
 
     def __post_init__(self) -> None:
@@ -174,10 +175,10 @@ def parse_size(text: str) -> int:
 
 
 def parse_caches(text: str) -> tuple[str, ...]:
-    from autotune.caches import BACKENDS
+    from autotune.caches import backend_names
 
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     for name in names:
-        if name != "none" and name not in BACKENDS:
-            raise AutotuneError(f"Unknown cache backend {name!r}. Valid backends: none, {', '.join(BACKENDS)}.")
+        if name != "none" and name not in backend_names():
+            raise AutotuneError(f"Unknown cache backend {name!r}. Valid backends: none, {', '.join(backend_names())}.")
     return names

@@ -22,9 +22,11 @@ from autotune.dataset import (
 )
 from autotune.dataset._probe import Probe, probe_dataset, probe_indices, probe_stream
 from autotune.machine import (
+    JobMemory,
     SourceFiles,
     build_workers,
     default_budget,
+    job_memory,
     shm_free,
     source_files,
     tree_pss,
@@ -142,11 +144,9 @@ def with_subset(setup: Setup, spec: UserSpec, opts: SearchOptions, count: int) -
     return replace(setup, plan=plan)
 
 
-def _note_limit(limits: Limits) -> None:
+def _note_limit(limits: Limits, memory: JobMemory | None = None) -> None:
     """Say where the memory budget comes from when a limit, not the host, sets it."""
-    from autotune.machine._memory_limit import job_memory
-
-    memory = job_memory()
+    memory = memory or job_memory()
     if memory.limit is not None:
         limits.notes.append(f"memory budget: {format_bytes(limits.memory_budget)}, 70% of what "
                             f"{memory.describe_limit()} leaves this job now")

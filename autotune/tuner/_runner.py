@@ -20,7 +20,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 
@@ -265,8 +265,17 @@ def shard(plan: Plan, rank: int, ranks: int) -> Plan:
                                cache_indices=list(plan.indices), cache_length=plan.length)
 
 
+class TrialRunner(Protocol):
+    """What the search asks of a runner (``Runner``'s real trial processes, or a test's figures by rule):
+    measure ``config`` on ``plan``, or raise ``TrialFailed`` or ``TrialPruned``."""
+
+    def run(self, config: LoaderConfig, plan: Plan, *, timeout: float,
+            should_prune: Callable[[int, float], bool] | None = None, give_up_after: float | None = None,
+            log_path: str | None = None) -> Measurement: ...
+
+
 class Runner:
-    """Starts trial processes for one workload."""
+    """Starts trial processes for one workload (a ``TrialRunner``)."""
 
     def __init__(self, workload: Workload, sys_path: list[str] | None = None, memory_limit: int | None = None,
                  ranks: int = 1):

@@ -20,12 +20,12 @@ import optuna
 
 from autotune._units import format_bytes, format_seconds
 from autotune.caches import remove_leftovers
-from autotune.config import LoaderConfig
+from autotune.config import LoaderConfig, cache_backend
 from autotune.dataset import Probe, UserSpec
 from autotune.errors import AutotuneError, MeasurementError
 from autotune.machine import shm_rule
 from autotune.machine._hardware import fingerprint as hardware_fingerprint
-from autotune.recipe._measured import Finalist
+from autotune.recipe._measured import NO_DIFFERENCE, Finalist, Interval
 from autotune.tuner import _storage
 from autotune.tuner._factory_costs import FactoryCosts
 from autotune.tuner._lifecycle import stop_on_signals
@@ -33,11 +33,13 @@ from autotune.tuner._measure import Plan
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._options import Clock, SearchOptions
 from autotune.tuner._preparation import Setup, prepare, with_subset
-from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, warm_forkserver
+from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, TrialRunner, warm_forkserver
+from autotune.tuner._significance import NARROW, Spread, choose, cpu_times, noise_since, ratio
 from autotune.tuner._space import Space
 
 SEARCH_SHARE = 0.7  # of the budget; the rest re-measures the finalists interleaved
-ROUNDS = 3  # interleaved re-measurements of each finalist, when the budget allows
+MIN_ROUNDS = 2  # interleaved re-measurements of the finalists before their interval can be narrow enough
+MAX_ROUNDS = 8
 
 
 @dataclass
@@ -59,6 +61,8 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
     finalists: list[Finalist] = field(default_factory=list)  # by median, then those that failed (no runs)
     study: dict[str, str] = field(default_factory=dict)  # name and storage URL, for report and optuna-dashboard
+    interval: Interval | None = None  # the winner's speed-up; the default's best rival's when it is the default
+    noisy: str = ""  # why the machine was too noisy to tell, when it was
 
 
 class HopelessPruner(optuna.pruners.BasePruner):
@@ -121,7 +125,8 @@ class _Progress:
             self.bar.close()
 
 
-def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None, runner: Any = None) -> Outcome:
+def search(spec: UserSpec, opts: SearchOptions, *, setup: Setup | None = None,
+           runner: TrialRunner | None = None) -> Outcome:
     """Tune ``spec``. ``setup`` and ``runner`` default to the real preparation and trial processes;
     the search-core tests pass their own, to run the loop in memory. Optuna's log level and the warning
     filters are the caller's again when it returns.
@@ -141,7 +146,8 @@ class Search:
     setup and runner, the factory's learned costs, and what the loop counted. Its steps read and write
     these instead of passing a dozen arguments and counters between functions."""
 
-    def __init__(self, spec: UserSpec, opts: SearchOptions, setup: Setup | None = None, runner: Any = None):
+    def __init__(self, spec: UserSpec, opts: SearchOptions, setup: Setup | None = None,
+                 runner: TrialRunner | None = None):
         self.spec, self.opts = spec, opts
         self.clock: Clock = opts.clock()
         self.url = _storage_url(opts)
@@ -151,6 +157,10 @@ class Search:
         self.repeats = 0  # points drawn again in a row: the sampler has converged
         self.asked = 0  # trials asked by this search (a resumed study holds earlier ones)
         self.shm_limited: list[str] = []  # candidates /dev/shm ruled out
+        self.cpu_start = cpu_times()  # CPU steal is counted from here
+        self.load_start: float | None = None
+        with contextlib.suppress(OSError):
+            self.load_start = os.getloadavg()[0]  # the minute before: other jobs, not this search's trials
 
     # -- preparation ------------------------------------------------------------------------------------
 
@@ -159,7 +169,7 @@ class Search:
             warm_forkserver()
         self.setup = self._setup or prepare(self.spec, self.opts, self.clock)
         setup = self.setup
-        self.runner = self._runner or Runner(setup.workload, self.spec.sys_path,
+        self.runner: TrialRunner = self._runner or Runner(setup.workload, self.spec.sys_path,
                                              memory_limit=setup.limits.memory_budget, ranks=setup.ranks)
         if setup.plan.cache_root:
             removed = remove_leftovers(setup.plan.cache_root)
@@ -204,8 +214,13 @@ class Search:
         seen = {t.user_attrs.get("config_key")
                 for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
         for prior in _priors(space, default):
-            if prior.key() not in seen:
-                self.study.enqueue_trial(space.params_for(prior), skip_if_exists=True)
+            if prior.key() in seen:
+                continue
+            try:
+                params = space.params_for(prior)
+            except ValueError:
+                continue  # not in this space (a memory cache that fits only in part): the sampler explores it
+            self.study.enqueue_trial(params, skip_if_exists=True)
 
     # -- the loop ---------------------------------------------------------------------------------------
 
@@ -305,7 +320,9 @@ class Search:
     # -- the finalists ----------------------------------------------------------------------------------
 
     def finish(self) -> Outcome:
-        """Measure the finalists and the default again, interleaved, in what is left before the wall."""
+        """Measure the finalists and the default again, interleaved (A B C, B C A, ...), until the leader's
+        speed-up over the default is known to about +-5% (at least MIN_ROUNDS rounds), MAX_ROUNDS, or the
+        wall; a run that would not end before the wall is not started."""
         study, plan = self.study, self.plan
         default = self.setup.space.default()
         finalists = _best_distinct(study, self.opts.finalists)
@@ -317,22 +334,23 @@ class Search:
         cost = {t.user_attrs.get("config_key"): t.duration.total_seconds()
                 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if t.duration}
         typical = statistics.median(cost.values()) if cost else plan.batch_timeout / 10
-        round_cost = sum(cost.get(c.key(), typical) for c in configs)
-        rounds = max(1, min(ROUNDS, int(self.clock.left() / max(round_cost, 1e-3))))
-        for r in range(rounds):
+        for r in range(MAX_ROUNDS):
             order = configs[r % len(configs):] + configs[: r % len(configs)]  # rotate: A B C, B C A, ...
+            ran = False
             for config in order:
                 if config in failed_finalists:
                     continue
-                expected = cost.get(config.key(), typical)
-                if self.clock.left() < min(expected, plan.batch_timeout):
+                if self.clock.left() < min(cost.get(config.key(), typical), plan.batch_timeout):
                     continue  # it would not end before the wall: its figures so far (or the loop's) stand
                 try:
                     figures[config].append(self.runner.run(config, plan,
                                                            timeout=min(plan.batch_timeout, self.clock.left())))
+                    ran = True
                 except TrialFailed as exc:  # a finalist that fails now (timeout, memory) is out, not fatal
                     failed_finalists[config] = str(exc)
-                self.progress.update(f"finalists round {r + 1}/{rounds}")
+                self.progress.update(f"finalists round {r + 1}")
+            if not ran or (r + 1 >= MIN_ROUNDS and _settled(figures, default)):
+                break
         runs = _pool_runs(study, figures, failed_finalists, self.setup.limits.notes)
         return self.outcome(runs, failed_finalists, "interleaved re-measurement")
 
@@ -379,14 +397,28 @@ class Search:
                 f"Even the plain default (num_workers=0, no cache) could not be measured: {reason}. "
                 "Fix that first (a larger --budget or --max-memory, a dataset that loads in the main process)."
             )
-        winner = min(medians, key=lambda c: (medians[c].total_seconds, c != default, c.key()))
+        counts = {c: max(1, len(runs.get(c) or ())) for c in medians}
+        spread = Spread.pooled({c: [r.total_seconds for r in v] for c, v in runs.items()})
+        winner, ratios = choose({c: m.total_seconds for c, m in medians.items()}, counts, default, spread)
         is_default = winner == default
         notes.extend(learned[c] for c in dict.fromkeys((winner, default)) if c in learned)
-        note = f"fastest candidate in {how}" if not is_default else ""
-        if is_default and len(medians) > 1:
-            note = "no candidate beat the plain default in the interleaved A/B check; the recipe is the default"
+        rival = winner if not is_default else min(ratios, key=lambda c: medians[c].total_seconds, default=None)
+        interval = None if rival is None else Interval(ratios[rival].speedup, ratios[rival].low, ratios[rival].high)
+        note = f"fastest candidate in {how}, measurably faster than the default" if not is_default else ""
+        if is_default and rival is not None and interval is not None:
+            note = (f"{NO_DIFFERENCE}: the best candidate ({rival.describe()}) measured {interval.text()} the "
+                    "default's speed, an interval that holds 1; a tie keeps the plain default")
         elif is_default:
             note = "the plain default is the only candidate that could be measured"
+        noise = noise_since(self.cpu_start, setup.limits.usable_cpus, spread)
+        if self.load_start is not None:
+            noise = replace(noise, load=self.load_start / max(setup.limits.usable_cpus, 1))
+        problems = noise.problems()
+        unsure = ratios.get(rival) if rival is not None else None
+        noisy = ""
+        if problems and unsure is not None and (unsure.tied or unsure.half_width > 2 * NARROW):
+            noisy = (f"the machine was too noisy to tell ({'; '.join(problems)}): the speed-up's interval is "
+                     f"{interval.text() if interval else ''}; search again on a quiet machine")
         trials = study.get_trials(deepcopy=False)
         states = optuna.trial.TrialState
         return Outcome(
@@ -410,7 +442,22 @@ class Search:
                 [:max(self.opts.finalists, 1) + 1]
             ] + [Finalist(c, ()) for c in failed_finalists],  # failed when measured again
             study={"name": study.study_name, "storage": self.url},
+            interval=interval,
+            noisy=noisy,
         )
+
+
+def _settled(figures: dict[LoaderConfig, list[Measurement]], default: LoaderConfig) -> bool:
+    """Whether the leading finalist's speed-up over the default is known narrowly enough to stop."""
+    measured = {c: v for c, v in figures.items() if v}
+    if default not in measured or len(measured) < 2:
+        return default in measured  # nothing to compare with: one round of the default is all there is
+    medians = {c: Measurement.median(v).total_seconds for c, v in measured.items()}
+    leader = min((c for c in medians if c != default), key=lambda c: medians[c])
+    spread = Spread.pooled({c: [r.total_seconds for r in v] for c, v in measured.items()})
+
+    r = ratio(medians[default], len(measured[default]), medians[leader], len(measured[leader]), spread)
+    return r.half_width <= NARROW
 
 
 def _loop_results(study: optuna.Study, unreadable: list[str] | None = None) -> dict[LoaderConfig, list[Measurement]]:
@@ -437,8 +484,9 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
     caches = [c for c in space.caches if c is not None]
     if caches:
         allocator = "glibc-tuned" if "glibc-tuned" in space.allocators else default.allocator
-        cache = "memory" if "memory" in caches else caches[0]
-        share = space.cache_shares[0] if cache == "memory" and space.cache_shares else None  # the most that fits
+        cache = next((c for c in caches if cache_backend(c).in_memory), caches[0])  # no disk needed
+        share = (space.cache_shares[0] if cache_backend(cache).in_memory and space.cache_shares
+                 else None)  # the most that fits
         priors.append(replace(default, cache=cache, allocator=allocator, cache_share=share))
         if ("first_epoch" in space.cache_fills and cache in space.filled_caches and space.max_workers
                 and "fork" in space.contexts):
