@@ -17,9 +17,15 @@ reads of the key's probed indices with the key's: randomness at a few indices is
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import multiprocessing
+import os
 import pickle
 import random
+import signal
+import time
 from typing import Any
 
 import torch
@@ -30,6 +36,7 @@ from autotune.dataset._userfile import read_sample
 
 log = logging.getLogger("autotune")
 _EPOCHS = (0, 1)
+_WORKER_WAIT = 5.0  # seconds: a forked worker's start and one read, at the least
 
 
 def _indices(length: int, probe: int, seed: int) -> list[int]:
@@ -74,11 +81,18 @@ def _in_a_worker(dataset: Any, indices: list[int], main: list[Any], timeout: flo
     plan: list[tuple[int | None, int]] = [(None, i) for i in indices]
     if epochs:
         plan += [(e, i) for e in _EPOCHS for i in indices]
+    pid = multiprocessing.get_context("fork").Value("i", 0)
     loader = torch.utils.data.DataLoader(_WorkerReads(dataset, plan), batch_size=None, num_workers=1,
-                                         multiprocessing_context="fork", timeout=timeout)
+                                         multiprocessing_context="fork", timeout=timeout,
+                                         worker_init_fn=functools.partial(_tell_pid, pid))
+    it = iter(loader)
     try:
-        got = [(pickle.loads(wire), drawn) for wire, drawn in loader]
-    except Exception as exc:  # noqa: BLE001 - the dataset cannot be read in a forked worker at all
+        got = [(pickle.loads(wire), drawn) for wire, drawn in it]
+    except Exception as exc:  # noqa: BLE001 - the dataset cannot be read in a forked worker (in time)
+        if pid.value:  # a worker stuck in a read may ignore SIGTERM: shutting down must not wait on it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid.value, signal.SIGKILL)
+        del it
         log.info("autotune: dataset[i] could not be read in a forked worker (%s: %s); only the main "
                  "process's reads were compared", type(exc).__name__, str(exc).strip().splitlines()[-1:])
         return ""
@@ -98,22 +112,33 @@ def _in_a_worker(dataset: Any, indices: list[int], main: list[Any], timeout: flo
     return ""
 
 
-def check_deterministic(dataset: Any, probe: int = 3, seed: int = 0, *, timeout: float = 0) -> tuple[bool, str]:
+def check_deterministic(dataset: Any, probe: int = 3, seed: int = 0, *, timeout: float | None = None
+                        ) -> tuple[bool, str]:
     """Read ``probe`` indices as the module docstring says; (True, "") or (False, one-line reason that
-    names ``transform=``). ``timeout``: seconds the worker may take for one read (0: no limit)."""
+    names ``transform=``). ``timeout``: seconds the worker may take for one read (default: ten times the
+    main process's slowest, at least ``_WORKER_WAIT``); past it the worker's comparison is skipped, said
+    in the log (a dataset that hangs only in workers is the trial's and the loader's to report)."""
     indices = _indices(len(dataset), probe, seed)
     noting = _Noting(WatchedReads(dataset))
     first = []
+    slowest = 0.0
     for i in indices:
+        start = time.perf_counter()
         sample = read_sample(noting, i)  # under the search's watchdog, a failure in one line
+        slowest = max(slowest, time.perf_counter() - start)
         if noting.drawn is not None:
             return False, message(i, f"drew from {noting.drawn}")
         first.append(sample)
     for i, before in zip(indices, first):
         if not samples_equal(before, read_sample(dataset, i)):
             return False, message(i, "returned different samples on two reads")
-    problem = _in_a_worker(dataset, indices, first, timeout) if indices else ""
+    wait = timeout if timeout is not None else max(_WORKER_WAIT, 10 * slowest)
+    problem = _in_a_worker(dataset, indices, first, wait) if indices else ""
     return (not problem), problem
+
+
+def _tell_pid(pid: Any, worker_id: int) -> None:
+    pid.value = os.getpid()
 
 
 class _Noting:
