@@ -331,7 +331,7 @@ def _build_parts(recipe_path: str, dataset: Any, profile: Profile) -> dict[str, 
         start = time.perf_counter()
         check_deterministic(dataset)
         parts["determinism_check"] = time.perf_counter() - start
-        if profile.config.cache != "memory":
+        if not profile.config.cache_in_memory:
             start = time.perf_counter()
             dataset_key(dataset)
             parts["cache_key"] = time.perf_counter() - start
@@ -421,6 +421,8 @@ def validate_fresh(recipe: Any, recipe_path: str | os.PathLike[str], target: str
     cache_root = tempfile.mkdtemp(prefix="autotune-validate-")
     env = dict(os.environ)
     env["AUTOTUNE_CACHE_DIR"] = cache_root
+    if profile.ranks_per_node > 1:  # the child chooses the profile a rank of such a job would
+        env["LOCAL_WORLD_SIZE"] = str(profile.ranks_per_node)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p)
     try:
         spawned = time.time()

@@ -49,7 +49,6 @@ from autotune.process import ProcessSettings
 
 DEFAULT_PREFETCH = 2  # DataLoader's own default with workers
 CONTEXTS = ("fork", "forkserver", "spawn")
-CACHES = ("memory", "pickle", "hdf5", "lmdb")
 ALLOCATORS = ("glibc", "glibc-tuned", "tcmalloc", "jemalloc")
 CACHE_FILLS = ("build", "first_epoch")
 WORKER_ONLY = ("prefetch_factor", "persistent_workers", "multiprocessing_context", "worker_threads")
@@ -74,6 +73,26 @@ def _check_int(name: str, value: Any, low: int, high: int, *, optional: bool) ->
         return
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ConfigError(f"{name} must be an integer from {low} to {high}, but got {value!r}")
+
+
+def cache_backend(name: str) -> Any:
+    """The registered class of the cache backend ``name`` (``autotune.caches._family``); AutotuneError
+    naming the valid ones. The caches are imported on first use, for they import torch: a process that
+    reads a recipe without a cache (``autotune show``) or imports this module alone needs none of it."""
+    from autotune.caches._family import backend
+
+    return backend(name)
+
+
+def _in_memory_names() -> tuple[str, ...]:
+    return tuple(n for n in cache_names() if cache_backend(n).in_memory)
+
+
+def cache_names() -> tuple[str, ...]:
+    """The registered cache backends' names (see ``cache_backend``)."""
+    from autotune.caches._family import names
+
+    return names()
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...], *, optional: bool) -> None:
@@ -109,7 +128,8 @@ class LoaderConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false, but got {getattr(self, name)!r}")
         _check_choice("multiprocessing_context", self.multiprocessing_context, CONTEXTS, optional=True)
-        _check_choice("cache", self.cache, CACHES, optional=True)
+        if self.cache is not None:
+            _check_choice("cache", self.cache, cache_names(), optional=True)
         _check_choice("allocator", self.allocator, ALLOCATORS, optional=False)
         _check_choice("cache_fill", self.cache_fill, CACHE_FILLS, optional=False)
         if self.cache_fill != "build" and self.cache is None:  # rule 4
@@ -118,8 +138,9 @@ class LoaderConfig:
             share = self.cache_share
             if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
                 raise ConfigError(f"cache_share must be a number above 0 and at most 1, but got {share!r}")
-            if self.cache != "memory":
-                raise ConfigError(f"cache_share={share!r} needs cache='memory', but cache={self.cache!r}")
+            if not self.cache_in_memory:
+                wanted = " or ".join(f"cache={n!r}" for n in _in_memory_names())
+                raise ConfigError(f"cache_share={share!r} needs {wanted}, but cache={self.cache!r}")
             object.__setattr__(self, "cache_share", None if share == 1 else float(share))
         if not self.num_workers:  # rule 1
             set_ = [k for k in WORKER_ONLY if getattr(self, k) not in (None, False)]
@@ -146,7 +167,7 @@ class LoaderConfig:
             values["worker_threads"] = None
         if values.get("cache") is None:  # rule 4
             values["cache_fill"] = "build"
-        if values.get("cache") != "memory":  # rule 5
+        if values.get("cache") not in _in_memory_names():  # rule 5
             values["cache_share"] = None
         return cls(**values)
 
@@ -198,6 +219,12 @@ class LoaderConfig:
             del items["cache_fill"]
         return json.dumps(items, sort_keys=True)
 
+    @property
+    def cache_in_memory(self) -> bool:
+        """Whether the cache lives in the memory of the process that built it, so every rank holds its
+        own (memory), or in a folder the node's ranks share (the disk backends); False without one."""
+        return self.cache is not None and bool(cache_backend(self.cache).in_memory)
+
     def process_settings(self) -> ProcessSettings:
         """The process-level part: allocator and thread counts (``autotune.process``)."""
         return ProcessSettings(allocator=self.allocator, main_threads=self.main_threads,
@@ -209,12 +236,12 @@ class LoaderConfig:
         built once and shared."""
         if not self.cache or ranks <= 1:
             return self.cache if self.cache and self.cache_share is None else (
-                f"memory cache of the first {self.cache_share:.0%} of the samples" if self.cache else "none")
-        if self.cache != "memory":
+                f"{self.cache} cache of the first {self.cache_share:.0%} of the samples" if self.cache else "none")
+        if not self.cache_in_memory:
             return f"{self.cache} cache, shared by the node's {ranks} ranks"
         filled = ", each filled with its rank's samples" if self.cache_fill == "first_epoch" else ""
         share = f" of the first {self.cache_share:.0%} of the samples" if self.cache_share is not None else ""
-        return f"memory cache{share}, one per rank (x{ranks} in memory){filled}"
+        return f"{self.cache} cache{share}, one per rank (x{ranks} in memory){filled}"
 
     def describe(self, ranks: int = 1) -> str:
         """One readable line: the loader keywords, then threads, cache and allocator where set; ``ranks``
@@ -234,7 +261,7 @@ class LoaderConfig:
             parts.append(f"main_threads={self.main_threads}")
         held = ""
         if self.cache and ranks > 1:  # the same words as describe_cache, in one parenthesis
-            held = (f" (shared by the node's {ranks} ranks)" if self.cache != "memory"
+            held = (f" (shared by the node's {ranks} ranks)" if not self.cache_in_memory
                     else f" (one per rank, x{ranks} in memory)")
         parts.append(f"cache={self.cache or 'none'}{held}")
         if self.cache_share is not None:

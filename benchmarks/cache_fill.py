@@ -26,10 +26,11 @@ from harness.fresh import run_fresh
 from harness.workloads import BATCH, EPOCHS, jpeg_dataset, jpeg_files
 
 # After harness, which puts the checkout's autotune first on sys.path.
+from autotune.caches import backend_names
 from autotune.config import LoaderConfig
 
 NAME = "cache_fill"
-BACKENDS = ("memory", "pickle", "hdf5", "lmdb")
+BACKENDS = backend_names()
 
 
 def config_for(cell: str) -> LoaderConfig:

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from backend_plugin import registered, with_plugin
 from test_codec import ZooDataset
 
 from autotune import caches, cli
 from autotune.caches import (
-    BACKENDS,
     CacheRebuildWarning,
     CorruptCache,
     StaleCache,
@@ -28,8 +28,10 @@ from autotune.caches._codec import samples_equal
 from autotune.errors import AutotuneError
 from autotune.loader import Transformed
 
-DISK = [b for b in BACKENDS if b != "memory"]
-DATA_FILE = {"pickle": "data.bin", "hdf5": "data.h5", "lmdb": "db/data.mdb"}
+BACKENDS = with_plugin(caches.backend_names)  # the built-in ones and the test-only one (backend_plugin)
+DISK = with_plugin(caches.disk_names)
+DATA_FILE = {"pickle": "data.bin", "hdf5": "data.h5", "lmdb": "db/data.mdb", "shelf": "records/0.bin"}
+_plugin = pytest.fixture(autouse=True)(registered)
 
 
 def identity(x):
@@ -360,7 +362,33 @@ def test_get_backend_unknown_names_the_valid_ones():
     assert get_backend("lmdb") is caches.LmdbCache
     with pytest.raises(AutotuneError) as err:
         get_backend("x")
-    assert str(err.value) == "Unknown cache backend 'x'. Valid backends: memory, pickle, hdf5, lmdb."
+    assert str(err.value) == "Unknown cache backend 'x'. Valid backends: memory, pickle, hdf5, lmdb, shelf."
+
+
+def test_a_backend_registered_by_a_plugin_is_listed_estimated_offered_and_cleared(tmp_path, capsys):
+    """The test-only backend (``backend_plugin``) is one ``register`` call: every list, pattern and
+    decision takes it in, and it leaves with ``unregister``."""
+    from backend_plugin import ShelfCache
+
+    from autotune.config import LoaderConfig
+    from autotune.tuner._options import parse_caches
+
+    assert get_backend("shelf") is ShelfCache and "shelf" in caches.disk_names()
+    assert caches.estimate_need("shelf", 1000, 10) == ShelfCache.estimate_need(1000, 10) == (0, 50960 + (1 << 20))
+    assert parse_caches("shelf,none") == ("shelf", "none")
+    assert LoaderConfig(cache="shelf").describe_cache(ranks=2) == "shelf cache, shared by the node's 2 ranks"
+    shelf = build("shelf", Tensors(), tmp_path)
+    litter = tmp_path / f".{shelf.path.name}.tmp-999999-abcd1234"  # a dead builder's folder, by its name
+    litter.mkdir()
+    (litter / "records").mkdir()
+    entries = {Path(e["path"]).name: (e["kind"], e["backend"], e["status"]) for e in caches.list_caches(tmp_path)}
+    assert entries == {shelf.path.name: ("cache", "shelf", "valid"), litter.name: ("temp", "shelf", "partial")}
+    assert cli.main(["cache", "clear", "--dir", str(tmp_path), "--backend", "shelf"]) == 0
+    assert "Removed 2 caches " in capsys.readouterr().out
+    assert leftovers(tmp_path) == []
+    caches.unregister("shelf")
+    with pytest.raises(AutotuneError, match="Valid backends: memory, pickle, hdf5, lmdb."):
+        get_backend("shelf")
 
 
 def test_estimate_need():

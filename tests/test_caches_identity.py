@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from backend_plugin import registered, with_plugin
 from torch.utils.data import Dataset
 
 import autotune
@@ -30,8 +31,9 @@ from autotune.recipe._records import DatasetRecord, RunSettings
 
 pytestmark = pytest.mark.timeout(300)
 
-BACKENDS = ("memory", "pickle", "hdf5", "lmdb")
-DISK = ("pickle", "hdf5", "lmdb")
+BACKENDS = with_plugin(caches.backend_names)  # the built-in ones and the test-only one (backend_plugin)
+DISK = with_plugin(caches.disk_names)
+_plugin = pytest.fixture(autouse=True)(registered)
 DATA = Path(__file__).parent / "data"
 
 

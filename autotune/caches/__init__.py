@@ -1,11 +1,15 @@
 """Sample caches: one exact store of ``dataset[i]`` per backend (memory, pickle, hdf5, lmdb).
 
-A plugin family: the abstract :class:`Cache` in ``_base``, one private module per backend, and the
-registry (:func:`get_backend`, :func:`open_or_build`) in ``_registry``.
+A plugin family: the abstract :class:`Cache` in ``_base``, one private module per backend, each
+class registered in ``_family`` (:func:`register`, :func:`get_backend`, :func:`backend_names`), and
+open-or-build, list and clear in ``_registry``.
 """
 
 from autotune.caches._base import FORMAT_VERSION, Cache, CorruptCache, DiskCache, StaleCache
 from autotune.caches._disk_fill import DiskFill
+from autotune.caches._family import backend as get_backend
+from autotune.caches._family import disk_names, register, unregister
+from autotune.caches._family import names as backend_names
 from autotune.caches._fill import FirstEpochCache, GatheringFill
 from autotune.caches._gather import GatherDataset, can_gather, collate_gathered
 from autotune.caches._hdf5 import Hdf5Cache
@@ -15,13 +19,11 @@ from autotune.caches._memory import MemoryCache
 from autotune.caches._partial import GatheringPartial, PartialCache, build_partial
 from autotune.caches._pickle import PickleCache
 from autotune.caches._registry import (
-    BACKENDS,
     CacheRebuildWarning,
     cache_path,
     clear_caches,
     estimate_need,
     expected_manifest,
-    get_backend,
     list_caches,
     open_or_build,
     open_or_fill,
@@ -30,7 +32,6 @@ from autotune.caches._trials import TRIAL_LOCK, remove_leftovers, trial_folder
 from autotune.caches._trust import UntrustedCache, default_root, ensure_root
 
 __all__ = [
-    "BACKENDS",
     "FORMAT_VERSION",
     "Cache",
     "CacheRebuildWarning",
@@ -49,13 +50,15 @@ __all__ = [
     "StaleCache",
     "TRIAL_LOCK",
     "UntrustedCache",
-    "can_gather",
-    "collate_gathered",
+    "backend_names",
     "build_partial",
     "cache_path",
+    "can_gather",
     "clear_caches",
+    "collate_gathered",
     "dataset_key",
     "default_root",
+    "disk_names",
     "ensure_root",
     "estimate_need",
     "expected_manifest",
@@ -63,6 +66,8 @@ __all__ = [
     "list_caches",
     "open_or_build",
     "open_or_fill",
+    "register",
     "remove_leftovers",
     "trial_folder",
+    "unregister",
 ]

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from autotune.caches._codec import Schema, infer_schema, sample_digest
-from autotune.caches._trust import check_trusted
+from autotune.caches._trust import UntrustedCache, check_trusted
 from autotune.errors import AutotuneError
 
 FORMAT_VERSION = 3  # 2: content-addressed directories, build facts, probe digests; 3: pickle's record index
@@ -124,7 +124,9 @@ class Cache(torch.utils.data.Dataset[Any], abc.ABC):
     so each DataLoader worker opens its own (never before fork).
     """
 
-    name: ClassVar[str]
+    name: ClassVar[str]  # the backend's name in recipes, folder names and manifests (``_family``)
+    in_memory: ClassVar[bool] = False  # held by the process that built it: one per rank, never in a folder
+    order: ClassVar[int] = 100  # where it is listed among the backends (lowest first; then as registered)
 
     def __init__(self, path: Path | None, stored: dict[str, Any]):
         self.path = None if path is None else Path(path)
@@ -163,6 +165,11 @@ class Cache(torch.utils.data.Dataset[Any], abc.ABC):
     @abc.abstractmethod
     def open(cls, path: Path | str, *, manifest: dict[str, Any]) -> Cache:
         """Open a built cache; StaleCache/CorruptCache when it is not the expected, whole one."""
+
+    @classmethod
+    @abc.abstractmethod
+    def estimate_need(cls, bytes_per_sample: float, n: int) -> tuple[int, int]:
+        """(RAM bytes, disk bytes) a cache of ``n`` samples of ``bytes_per_sample`` needs."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(path={str(self.path)!r}, samples={len(self)})"
@@ -243,6 +250,11 @@ class DiskCache(Cache):
     @abc.abstractmethod
     def _open_handle(self) -> Any: ...
 
+    @classmethod
+    def load_library(cls) -> None:
+        """Import the library the backend reads and writes with (h5py, lmdb), if it has one: a fill
+        does so before it registers its exit hook, so the hook runs before the library's own."""
+
     def _close_handle(self, handle: Any) -> None:
         handle.close()
 
@@ -266,7 +278,7 @@ class DiskCache(Cache):
         if not indices:
             raise ValueError("A cache needs at least one sample, but got 0 indices.")
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp = path.parent / temp_name(path.name, "tmp")
         tmp.mkdir(mode=0o700)
         os.chmod(tmp, 0o700)  # whatever the umask: only its owner may write a cache (see _trust)
         samples = read_source(dataset, indices, workers=workers, progress=progress,
@@ -276,7 +288,7 @@ class DiskCache(Cache):
             schema = infer_schema(head)
             stored = stored_manifest(cls.name, manifest, indices, schema)
             stored["meta"] = cls._write(tmp, schema, len(indices), samples, head)
-            placed = cls._finish(tmp, path, stored)
+            placed = cls.seal(tmp, path, stored)
         except BaseException:
             samples.close()
             shutil.rmtree(tmp, ignore_errors=True)
@@ -286,7 +298,7 @@ class DiskCache(Cache):
         return cache
 
     @classmethod
-    def _finish(cls, tmp: Path, path: Path, stored: dict[str, Any]) -> bool:
+    def seal(cls, tmp: Path, path: Path, stored: dict[str, Any]) -> bool:
         """Seal the written directory ``tmp`` (modes, fsync, the manifest last) and move it to ``path``
         unless a cache is already there; whether it moved. A build and a fill (``_disk_fill``) end here."""
         files = {}
@@ -305,7 +317,7 @@ class DiskCache(Cache):
         return _place_dir(tmp, path)
 
     @classmethod
-    def _write_records(cls, tmp: Path, schema: Schema, records: Sequence[tuple[Path, int, int, int]]) -> dict[str, Any]:
+    def write_records(cls, tmp: Path, schema: Schema, records: Sequence[tuple[Path, int, int, int]]) -> dict[str, Any]:
         """Store the packed records (``codec.pack``) that a fill wrote, position k at ``records[k]`` =
         (file, offset, length, crc32), into ``tmp``; backend facts for the manifest. The default unpacks
         them into ``_write``; a backend that stores such records as they are overrides it."""
@@ -409,10 +421,32 @@ def _place_dir(tmp: Path, path: Path) -> bool:
     return True
 
 
+TEMP_KINDS = ("tmp", "old", "fill")  # a build's or a commit's folder, a cache set aside, a fill's staging
+
+
+def temp_name(cache_name: str, kind: str) -> str:
+    """``.<cache_name>.<kind>-<pid>-<hex>``: the name of a temporary folder of the cache ``cache_name``
+    (``TEMP_KINDS``); ``_registry`` reads the cache and the process back from it."""
+    assert kind in TEMP_KINDS, kind
+    return f".{cache_name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def try_open(cls: type[Cache], path: Path, expected: dict[str, Any]) -> tuple[Cache | None, str]:
+    """The valid cache at ``path``, or None and why not ("" when there is none)."""
+    if not os.path.lexists(path):
+        return None, ""
+    try:
+        return cls.open(path, manifest=expected), ""
+    except UntrustedCache:
+        raise
+    except (StaleCache, CorruptCache, OSError) as exc:
+        return None, str(exc)
+
+
 def set_aside(path: Path) -> None:
     """Remove the invalid cache at ``path``: renamed to a temp name first, so nothing half-deleted
     ever sits under a cache's name."""
-    old = path.parent / f".{path.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+    old = path.parent / temp_name(path.name, "old")
     os.rename(path, old)
     shutil.rmtree(old, ignore_errors=True)
 

@@ -21,8 +21,8 @@ exactly ``dataset[i]`` even when two workers raced on one position (a sampler th
 Nothing claims to be a cache until the fill is whole. A thread of the filling process waits for the
 last filled byte, checks every record's checksum (re-reading any that fails from the source), then,
 holding the cache's build lock (NOTE [cache build lock] in ``_lock``), writes the cache through the
-backend (``DiskCache._write_records``: the pickle cache links the spool files in as they are; hdf5 and
-lmdb convert the records) and seals it with the manifest last (``DiskCache._finish``). A whole fill
+backend (``DiskCache.write_records``: the pickle cache links the spool files in as they are; hdf5 and
+lmdb convert the records) and seals it with the manifest last (``DiskCache.seal``). A whole fill
 not committed yet when the process exits is committed then; a partial one (Ctrl-C, a sampler that
 skips samples, a single epoch of a shard) leaves nothing: the staging folder is removed at exit, or
 by the next builder of that cache if the process was killed. The next run opens the committed cache.
@@ -33,20 +33,20 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import secrets
 import shutil
 import threading
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from torch.utils.data import Dataset
 
-from autotune.caches._base import DiskCache
+from autotune.caches._base import DiskCache, set_aside, stored_manifest, temp_name, try_open
 from autotune.caches._codec import infer_schema, pack, unpack
-from autotune.caches._lock import BuildLock
+from autotune.caches._family import backend as get_backend
+from autotune.caches._lock import BuildLock, lock_path
 
 log = logging.getLogger("autotune")
 
@@ -54,10 +54,6 @@ _HEAD = 8  # samples read before the workers start, to fix the schema (a build r
 _POLL = 0.25  # seconds between the commit thread's looks at the filled bytes
 INDEX, LOCK = "fill.idx", "fill.lock"
 _active: dict[str, DiskFill] = {}  # cache path -> this process's fill of it: two loaders share one
-
-
-def staging_name(cache_name: str) -> str:
-    return f".{cache_name}.fill-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 class _Local:
@@ -123,6 +119,11 @@ class DiskFill(Dataset[Any]):
     def __init__(self, backend: str, dataset: Any, path: Path | str, expected: dict[str, Any],
                  indices: Sequence[int] | None = None):
         self.name = backend
+        cls = get_backend(backend)
+        if cls.in_memory or not issubclass(cls, DiskCache):
+            raise ValueError(f"The {backend} cache's first-epoch fill is autotune.caches._fill.FirstEpochCache.")
+        self.backend: type[DiskCache] = cls
+        cls.load_library()  # before the exit hook is registered (``_register_exit``)
         self.origin = "filled"  # as a Cache's origin says how it came to be (``_base.Cache``)
         self.dataset = dataset
         self.indices = [int(i) for i in (range(len(dataset)) if indices is None else indices)]
@@ -130,7 +131,7 @@ class DiskFill(Dataset[Any]):
         if n == 0:
             raise ValueError("A cache needs at least one sample, but got 0 indices.")
         self.path, self.expected = Path(path), expected
-        self.staging = self.path.parent / staging_name(self.path.name)
+        self.staging = self.path.parent / temp_name(self.path.name, "fill")
         self.staging.mkdir(mode=0o700)
         os.chmod(self.staging, 0o700)  # whatever the umask (see _trust)
         self._alive = BuildLock(self.staging / LOCK)
@@ -232,10 +233,6 @@ class DiskFill(Dataset[Any]):
             return self.committed
 
     def _commit(self) -> bool:
-        from autotune.caches._base import set_aside, stored_manifest
-        from autotune.caches._lock import lock_path
-        from autotune.caches._registry import _try_open, get_backend
-
         # A view of its own, appending to a spool of its own: the training thread may be reading and
         # keeping samples through the process's view meanwhile.
         local = _Local(self.staging, len(self.indices), writer=-os.getpid())
@@ -250,23 +247,23 @@ class DiskFill(Dataset[Any]):
                 records.append((self.staging / f"spool-{writer}.bin", offset, length, crc))
         finally:
             local.close()
-        cls = cast(type[DiskCache], get_backend(self.name))
+        cls = self.backend
         root = self.path.parent
         lock = BuildLock(lock_path(root, self.path.name))
         lock.acquire()
         try:
-            cache, why = _try_open(cls, self.path, self.expected)
+            cache, why = try_open(cls, self.path, self.expected)
             if cache is not None:
                 self.result = "already there (another process wrote it)"
                 return False
             if why:
                 set_aside(self.path)
-            tmp = root / f".{self.path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+            tmp = root / temp_name(self.path.name, "tmp")
             tmp.mkdir(mode=0o700)
             try:
                 stored = stored_manifest(self.name, self.expected, self.indices, self.schema)
-                stored["meta"] = cls._write_records(tmp, self.schema, records)
-                placed = cls._finish(tmp, self.path, stored)
+                stored["meta"] = cls.write_records(tmp, self.schema, records)
+                placed = cls.seal(tmp, self.path, stored)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
@@ -303,13 +300,13 @@ def active_fill(path: Path | str) -> DiskFill | None:
     return fill if fill is not None and fill.owner == os.getpid() else None
 
 
-_exit_registered: list[int] = []
-
-
 def _register_exit() -> None:
-    if os.getpid() not in _exit_registered:
-        _exit_registered.append(os.getpid())
-        atexit.register(close_all)
+    """Make ``close_all`` the exit hook that runs first. atexit runs the last registered first, and
+    each fill registers it again after importing its backend's library: h5py's own exit hook
+    unregisters the type converters a commit writes with ("Operation not defined for data type
+    class"), so it must run after the commit, never before."""
+    atexit.unregister(close_all)
+    atexit.register(close_all)
 
 
 def close_all() -> None:

@@ -32,7 +32,7 @@ from torch.utils.data import Dataset
 
 from autotune.caches._codec import decode, encode, infer_schema
 from autotune.caches._gather import Gathered, _batch_leaf, _collated, _leaf_gatherable
-from autotune.caches._memory import _file_columns, _shared_array
+from autotune.caches._memory import MemoryCache, _file_columns, _shared_array
 
 _HEAD = 8  # samples read before the workers start, to fix the schema (the built cache reads as many)
 
@@ -40,7 +40,7 @@ _HEAD = 8  # samples read before the workers start, to fix the schema (the built
 class FirstEpochCache(Dataset[Any]):
     """A memory cache of ``dataset`` at ``indices`` (default: all of it), filled as its samples are read."""
 
-    name = "memory"
+    name = MemoryCache.name
 
     def __init__(self, dataset: Any, indices: Sequence[int] | None = None):
         self.dataset = dataset
@@ -68,12 +68,6 @@ class FirstEpochCache(Dataset[Any]):
         state = dict(self.__dict__)
         state["columns"], state["filled"], state["attached"], state["files"] = None, None, False, None
         return state
-
-    def __del__(self) -> None:
-        files = getattr(self, "files", None)
-        if files is not None and getattr(self, "owner", None) == os.getpid():
-            for f in files:
-                f.close()  # the descriptors; the mappings live while the arrays do
 
     @property
     def filled_count(self) -> int:

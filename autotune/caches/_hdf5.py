@@ -11,6 +11,7 @@ import numpy as np
 
 from autotune.caches._base import CorruptCache, DiskCache
 from autotune.caches._codec import Schema, decode, encode
+from autotune.caches._family import register
 
 # Imported by the first hdf5 cache built or opened, so a process that uses no such cache never loads it.
 h5py: Any = None
@@ -30,11 +31,21 @@ def _require_h5py() -> None:
         h5py = module
 
 
+@register
 class Hdf5Cache(DiskCache):
     """``data.h5``: ``col{j}`` of shape (N, *shape) per column leaf, ``blob`` (vlen uint8) with ``crc``
     (crc32 per blob), and ``overflow`` (1 where the whole sample is the blob). Opened lazily per process."""
 
     name = "hdf5"
+    order = 2
+
+    @classmethod
+    def estimate_need(cls, bytes_per_sample: float, n: int) -> tuple[int, int]:
+        return 0, int(float(bytes_per_sample) * n * 1.1 + 64 * n + (4 << 20))
+
+    @classmethod
+    def load_library(cls) -> None:
+        _require_h5py()
 
     @classmethod
     def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict[str, Any]:

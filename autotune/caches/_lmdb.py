@@ -12,6 +12,7 @@ from typing import Any
 
 from autotune.caches._base import CorruptCache, DiskCache
 from autotune.caches._codec import Schema, pack, unpack
+from autotune.caches._family import register
 
 # Imported by the first lmdb cache built or opened, so a process that uses no such cache never loads it.
 lmdb: Any = None
@@ -77,10 +78,20 @@ def _release(path: str) -> None:
             entry[0].close()
 
 
+@register
 class LmdbCache(DiskCache):
     """An LMDB environment opened ``readonly=True, lock=False, readahead=False`` lazily per process."""
 
     name = "lmdb"
+    order = 3
+
+    @classmethod
+    def estimate_need(cls, bytes_per_sample: float, n: int) -> tuple[int, int]:
+        return 0, int(record_disk_bytes(float(bytes_per_sample) + 32) * n * 1.1 + (4 << 20))
+
+    @classmethod
+    def load_library(cls) -> None:
+        _require_lmdb()
 
     @classmethod
     def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import torch
 
 from autotune.caches._base import Cache, read_source, stored_manifest
 from autotune.caches._codec import decode, encode, infer_schema
+from autotune.caches._family import register
 from autotune.machine import FileColumn
 
 _HEAD = 8  # samples read in the calling process to fix the schema before workers start
@@ -81,6 +82,7 @@ class _ColumnWriter(torch.utils.data.Dataset[Any]):
         return k, enc.columns is None, wire
 
 
+@register
 class MemoryCache(Cache):
     """One ``(N, *shape)`` array per column leaf, one uint8 blob buffer with an offsets array, and an
     overflow flag per sample: a handful of Python objects whatever N is, so forked DataLoader workers
@@ -90,6 +92,13 @@ class MemoryCache(Cache):
     """
 
     name = "memory"
+    in_memory = True
+    order = 0
+
+    @classmethod
+    def estimate_need(cls, bytes_per_sample: float, n: int) -> tuple[int, int]:
+        # the buffers, offsets, and the build's one-time copy of the blob bytes
+        return int(float(bytes_per_sample) * n * 1.05 + 17 * n + (1 << 20)), 0
 
     def __init__(self, stored: dict[str, Any], columns: list[np.ndarray], blobs: np.ndarray, offsets: np.ndarray,
                  overflow: np.ndarray):

@@ -30,7 +30,7 @@ from autotune.caches._memory import MemoryCache
 class PartialCache(Dataset[Any]):
     """``dataset`` at ``indices`` (default: all of it), the first ``len(head)`` of them from ``head``."""
 
-    name = "memory"
+    name = MemoryCache.name
 
     def __init__(self, head: MemoryCache | FirstEpochCache, dataset: Any, indices: Sequence[int] | None = None):
         self.head, self.dataset = head, dataset

@@ -12,11 +12,13 @@ import numpy as np
 
 from autotune.caches._base import CorruptCache, DiskCache
 from autotune.caches._codec import Schema, pack, unpack
+from autotune.caches._family import register
 
 DATA, INDEX = "data.bin", "index.npy"
 FILE, OFFSET, LENGTH, CRC = range(4)  # the index's columns
 
 
+@register
 class PickleCache(DiskCache):
     """Records (codec.pack: columns raw, the rest pickled) in data files, ``meta["data_files"]``;
     ``index.npy`` holds (file number, offset, length, crc32) per sample. A build writes one file in
@@ -24,6 +26,11 @@ class PickleCache(DiskCache):
     Each access reads one record with ``os.pread``."""
 
     name = "pickle"
+    order = 1
+
+    @classmethod
+    def estimate_need(cls, bytes_per_sample: float, n: int) -> tuple[int, int]:
+        return 0, int(float(bytes_per_sample) * n * 1.02 + 16 * n + (1 << 20))
 
     @classmethod
     def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict[str, Any]:
@@ -47,7 +54,7 @@ class PickleCache(DiskCache):
         return {"data_files": [DATA]}
 
     @classmethod
-    def _write_records(cls, tmp: Path, schema: Schema, records: Sequence[tuple[Path, int, int, int]]) -> dict[str, Any]:
+    def write_records(cls, tmp: Path, schema: Schema, records: Sequence[tuple[Path, int, int, int]]) -> dict[str, Any]:
         """The fill's own files, linked in as they are (copied where the file system has no hard links):
         no record is read or written again."""
         import shutil

@@ -17,33 +17,27 @@ from pathlib import Path
 from typing import Any
 
 from autotune._units import format_bytes
+from autotune.caches import _hdf5, _lmdb, _memory, _pickle  # noqa: F401  # the built-in backends register
 from autotune.caches._base import (
     MANIFEST_NAME,
+    TEMP_KINDS,
     Cache,
-    CorruptCache,
-    StaleCache,
     as_json,
     indices_digest,
     is_manifest,
     set_aside,
+    try_open,
 )
 from autotune.caches._codec import sample_nbytes
 from autotune.caches._disk_fill import LOCK as FILL_LOCK
 from autotune.caches._disk_fill import DiskFill, active_fill
-from autotune.caches._hdf5 import Hdf5Cache
+from autotune.caches._family import backend as get_backend
+from autotune.caches._family import folder_pattern, names
 from autotune.caches._key import describe_change, kinship
-from autotune.caches._lmdb import LmdbCache, record_disk_bytes
 from autotune.caches._lock import BuildLock, is_free, lock_path
-from autotune.caches._memory import MemoryCache
-from autotune.caches._pickle import PickleCache
 from autotune.caches._trials import TRIAL_LOCK, is_leftover
-from autotune.caches._trust import TAG_NAME, TAG_TMP_PREFIX, UntrustedCache, default_root, ensure_root, trust_problem
-from autotune.errors import AutotuneError
+from autotune.caches._trust import TAG_NAME, TAG_TMP_PREFIX, default_root, ensure_root, trust_problem
 
-BACKENDS = ("memory", "pickle", "hdf5", "lmdb")
-_CLASSES: dict[str, type[Cache]] = {
-    "memory": MemoryCache, "pickle": PickleCache, "hdf5": Hdf5Cache, "lmdb": LmdbCache,
-}
 log = logging.getLogger("autotune")
 
 
@@ -51,24 +45,9 @@ class CacheRebuildWarning(UserWarning):
     """A cache on disk was stale or corrupt and is being rebuilt."""
 
 
-def get_backend(name: str) -> type[Cache]:
-    try:
-        return _CLASSES[name]
-    except (KeyError, TypeError):
-        raise AutotuneError(f"Unknown cache backend {name!r}. Valid backends: {', '.join(BACKENDS)}.") from None
-
-
 def estimate_need(name: str, bytes_per_sample: float, n: int) -> tuple[int, int]:
     """(RAM bytes, disk bytes) a ``name`` cache of ``n`` samples of ``bytes_per_sample`` needs."""
-    get_backend(name)
-    payload = float(bytes_per_sample) * n
-    if name == "memory":  # the buffers, offsets, and the build's one-time copy of the blob bytes
-        return int(payload * 1.05 + 17 * n + (1 << 20)), 0
-    if name == "pickle":
-        return 0, int(payload * 1.02 + 16 * n + (1 << 20))
-    if name == "hdf5":
-        return 0, int(payload * 1.1 + 64 * n + (4 << 20))
-    return 0, int(record_disk_bytes(bytes_per_sample + 32) * n * 1.1 + (4 << 20))
+    return get_backend(name).estimate_need(bytes_per_sample, n)
 
 
 def expected_manifest(manifest: dict[str, Any], indices: Sequence[int]) -> dict[str, Any]:
@@ -124,23 +103,11 @@ def _previous(path: Path, name: str, expected: dict[str, Any]) -> dict[str, Any]
     return max(found, key=lambda x: x[:2])[2] if found else None
 
 
-def _try_open(cls: type[Cache], path: Path, expected: dict[str, Any]) -> tuple[Cache | None, str]:
-    """The valid cache at ``path``, or None and why not ("" when there is none)."""
-    if not os.path.lexists(path):
-        return None, ""
-    try:
-        return cls.open(path, manifest=expected), ""
-    except UntrustedCache:
-        raise
-    except (StaleCache, CorruptCache, OSError) as exc:
-        return None, str(exc)
-
-
 def _remove_dead_builds(root: Path, name: str) -> None:
     """Temp directories of ``name``'s builders, and staging folders of its fills, whose processes
     died; call only holding its build lock (a live fill holds no build lock, but its own: ``_busy``)."""
     for leftover in root.glob(f".{name}.*-*"):
-        m = _TEMP.match(leftover.name)
+        m = _temp_match(leftover.name)
         if not (m and m.group(1) == name and leftover.is_dir() and not leftover.is_symlink()):
             continue
         if m.group(2) != "fill" or not _busy(leftover, m):  # the build lock is ours: a tmp's builder died
@@ -148,7 +115,7 @@ def _remove_dead_builds(root: Path, name: str) -> None:
 
 
 def _busy(path: Path, m: re.Match[str]) -> bool:
-    """Whether the temp folder ``path`` (matched by ``_TEMP``) is in use: a build holding the cache's
+    """Whether the temp folder ``path`` (matched by ``_temp_match``) is in use: a build holding the cache's
     build lock, or a first-epoch fill holding its own lock (``_disk_fill``)."""
     if m.group(2) == "fill":
         return not is_free(path / FILL_LOCK)
@@ -161,12 +128,12 @@ def open_or_fill(name: str, dataset: Any, *, root: Path | str | None = None,
     ``open_or_build`` would), else a fill of it that the loader's first epoch performs (``_disk_fill``);
     this process's fill in progress when there is one, so two loaders of one dataset share it."""
     cls = get_backend(name)
-    if cls is MemoryCache:
-        raise ValueError("The memory cache's first-epoch fill is autotune.caches._fill.FirstEpochCache.")
+    if cls.in_memory:
+        raise ValueError(f"The {name} cache's first-epoch fill is autotune.caches._fill.FirstEpochCache.")
     expected = expected_manifest(manifest, range(len(dataset)))
     root = ensure_root(root)
     path = cache_path(name, root, expected)
-    cache, why = _try_open(cls, path, expected)
+    cache, why = try_open(cls, path, expected)
     if cache is not None:
         return _reused(cache, name, path)
     fill = active_fill(path)
@@ -212,11 +179,11 @@ def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, ma
     expected = expected_manifest(manifest, indices)
     if not full:
         expected.pop("probes", None)  # probes are indices of the whole dataset
-    if cls is MemoryCache:
+    if cls.in_memory:
         return cls.build(dataset, indices, None, manifest=expected, progress=progress, workers=workers)
     root = ensure_root(root)
     path = cache_path(name, root, expected)
-    cache, _ = _try_open(cls, path, expected)
+    cache, _ = try_open(cls, path, expected)
     if cache is not None:
         return _reused(cache, name, path)
     lock = BuildLock(lock_path(root, path.name))
@@ -235,7 +202,7 @@ def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, ma
     try:
         if bar is not None:
             bar.close()
-        cache, why = _try_open(cls, path, expected)
+        cache, why = try_open(cls, path, expected)
         if cache is not None:  # built by the process we waited for
             cache.origin = "waited"
             log.info("autotune: opened the %s cache %s another process built", name, path)
@@ -262,8 +229,16 @@ def _check_room(name: str, dataset: Any, indices: Sequence[int], root: Path) -> 
 
 
 # -------------------------------------------------------------------------------- list and clear
-_TEMP = re.compile(r"^\.((?:pickle|hdf5|lmdb)(?:-.+)?)\.(tmp|old|fill)-(-?\d+)-[0-9a-f]+$")  # _base's and _disk_fill's
-_LOCK = re.compile(r"^\.((?:pickle|hdf5|lmdb)(?:-.+)?)\.lock$")
+def _temp_match(name: str) -> re.Match[str] | None:
+    """``_base.temp_name``'s parts (cache, kind, pid) of a registered disk backend's temporary folder."""
+    return re.match(rf"^\.({folder_pattern()})\.({'|'.join(TEMP_KINDS)})-(-?\d+)-[0-9a-f]+$", name)
+
+
+def _lock_match(name: str) -> re.Match[str] | None:
+    """``_lock.lock_path``'s cache name of a registered disk backend's build lock."""
+    return re.match(rf"^\.({folder_pattern()})\.lock$", name)
+
+
 _TRIAL = re.compile(r"^trial-[A-Za-z0-9_.-]+$")  # caches/_trials.py names them
 
 
@@ -284,7 +259,7 @@ def _trial_bookkeeping(path: Path) -> bool:
     through ``open_or_build``, the folder's tag and the cache's build lock."""
     if path.name in (TRIAL_LOCK, TAG_NAME) or path.name.startswith(TAG_TMP_PREFIX):
         return path.is_file() and not path.is_symlink()
-    return bool(_LOCK.match(path.name)) and path.is_file() and not path.is_symlink()
+    return bool(_lock_match(path.name)) and path.is_file() and not path.is_symlink()
 
 
 def _owned(path: Path) -> bool:
@@ -301,7 +276,7 @@ def _classify(path: Path) -> dict[str, Any]:
     if path.is_symlink() or not path.is_dir():
         entry["reason"] = "not a folder autotune made"
         return entry
-    m = _TEMP.match(path.name)
+    m = _temp_match(path.name)
     if m:
         busy = _busy(path, m)
         what = "fill during a first epoch" if m.group(2) == "fill" else "build"
@@ -325,7 +300,7 @@ def _classify(path: Path) -> dict[str, Any]:
         return entry
     backend = stored.get("backend")
     expected = stored.get("expected") if isinstance(stored.get("expected"), dict) else {}
-    entry.update(kind="cache", backend=backend if backend in BACKENDS else None, samples=stored.get("length"),
+    entry.update(kind="cache", backend=backend if backend in names() else None, samples=stored.get("length"),
                  nbytes=_dir_bytes(path), dataset=expected.get("key") or expected.get("fingerprint"),
                  built=stored.get("built"), status="valid")
     problem = trust_problem(path)
@@ -351,7 +326,7 @@ def list_caches(root: Path | str | None = None) -> list[dict[str, Any]]:
     if not root.is_dir():
         return []
     return [_classify(p) for p in sorted(root.iterdir())
-            if p.name != TAG_NAME and not (_LOCK.match(p.name) and p.is_file())]
+            if p.name != TAG_NAME and not (_lock_match(p.name) and p.is_file())]
 
 
 def clear_caches(root: Path | str | None = None, backend: str | None = None) -> dict[str, list[str]]:
@@ -384,7 +359,7 @@ def clear_caches(root: Path | str | None = None, backend: str | None = None) -> 
         result["removed"].append(str(path))
     if root.is_dir():
         for f in root.iterdir():  # lock files of caches that are gone, taken first (NOTE [cache build lock])
-            m = _LOCK.match(f.name)
+            m = _lock_match(f.name)
             if m and f.is_file() and not (root / m.group(1)).exists() and _owned(f):
                 lock = BuildLock(f)
                 if lock.try_acquire():

@@ -32,6 +32,7 @@ from autotune.caches import (
     can_gather,
     collate_gathered,
     dataset_key,
+    get_backend,
     open_or_build,
     open_or_fill,
 )
@@ -144,7 +145,7 @@ def prepare_source(dataset: Any, config: LoaderConfig, site: CacheSite, *, trans
     deterministic, _ = _timed(timer, "check", lambda: check_deterministic(dataset))
     if not deterministic:
         return Prepared(_uncached(dataset, transform, site), collate_fn, random=True)
-    key = {} if backend == "memory" else _timed(timer, "key", lambda: dataset_key(dataset))
+    key = {} if get_backend(backend).in_memory else _timed(timer, "key", lambda: dataset_key(dataset))
     if config.cache_share is not None:
         share, fill = config.cache_share, config.cache_fill
         site.before("partial", backend, dataset)
@@ -245,7 +246,7 @@ class FactorySite:
         return None
 
     def fill(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
-        if backend == "memory":
+        if get_backend(backend).in_memory:
             return FirstEpochCache(dataset)
         return open_or_fill(backend, dataset, root=self.root, manifest=key)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,9 @@ class FileColumn:
             raise
         self.array = np.frombuffer(buffer, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
         self._stage: np.ndarray | None = None  # one row, reused: its pages fault once per process
+        # Closed when the column is dropped or at exit, while ``os`` is still whole: a ``__del__`` run at
+        # interpreter shutdown finds module globals gone ("Exception ignored ... getpid").
+        self._close = weakref.finalize(self, os.close, self.fd)
 
     def write(self, k: int, value: Any) -> None:
         """Row k = ``value``, with the assignment's own conversion (``column[k] = value``)."""
@@ -48,4 +52,5 @@ class FileColumn:
             data, offset = data[written:], offset + written
 
     def close(self) -> None:
-        os.close(self.fd)
+        """Close the file's descriptor (once, however often it is called); the mapping stays."""
+        self._close()

@@ -101,7 +101,7 @@ def cache_location(profile: Profile, dataset: Any, cache_dir: str | Path | None 
     belongs to the dataset actually passed (its key, ``caches._key``), never to anything the recipe says,
     so a train and a val set through one recipe get two caches."""
     backend = profile.config.cache
-    if backend in (None, "memory"):
+    if backend is None or profile.config.cache_in_memory:
         return None
     root = Path(cache_dir) if cache_dir is not None else default_root()
     return cache_path(backend, root, expected_manifest(dataset_key(dataset), range(len(dataset))))
@@ -113,7 +113,7 @@ def _fit_memory(config: LoaderConfig, profile: Profile, dataset: Any, res: Resol
     one line naming the limit."""
     from autotune.recipe._memory_fit import fit_memory
 
-    if not config.num_workers and (stream or config.cache != "memory"):
+    if not config.num_workers and (stream or not config.cache_in_memory):
         return config  # nothing the recipe adds that a smaller choice would save
     fit = fit_memory(config, profile.measured, dataset, batch_size=batch_size, ranks=ranks_per_node(),
                      keep_workers=res.sources.get("num_workers") == "caller")
@@ -195,7 +195,7 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
     else:
         config = config.replace(allocator="glibc", main_threads=None, worker_threads=None)
     config = _fit_memory(config, profile, dataset, res, stream, overrides.get("batch_size") or 1)
-    if config.cache_fill == "first_epoch" and config.cache != "memory" and world_size() > 1:
+    if config.cache_fill == "first_epoch" and not config.cache_in_memory and world_size() > 1:
         # each rank's first epoch reads its shard only: the node's one cache would never be whole
         config = config.replace(cache_fill="build")
         res.not_applied.append(f"cache_fill='first_epoch' with the {config.cache} cache in a job of several ranks: "

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune._units import format_bytes
-from autotune.config import LoaderConfig, partial_count
+from autotune.config import LoaderConfig, cache_backend, partial_count
 from autotune.machine._memory import BUDGET_SHARE
 from autotune.machine._memory_limit import JobMemory, job_memory
 
@@ -33,18 +33,17 @@ class Fit:
     need: int  # what the recipe as given adds to the process
 
 
-def _cache_need(sample_bytes: float, count: int) -> int:
-    from autotune.caches import estimate_need
+def _cache_need(backend: str, sample_bytes: float, count: int) -> int:
+    """The RAM an in-memory ``backend`` cache of ``count`` samples needs (``Cache.estimate_need``)."""
+    return int(cache_backend(backend).estimate_need(sample_bytes, count)[0])
 
-    return estimate_need("memory", sample_bytes, count)[0]
 
-
-def _largest_count(sample_bytes: float, room: int, length: int) -> int:
+def _largest_count(backend: str, sample_bytes: float, room: int, length: int) -> int:
     """The most samples whose memory cache needs at most ``room`` bytes (0 when none fit)."""
     low, high = 0, length
     while low < high:
         mid = (low + high + 1) // 2
-        if _cache_need(sample_bytes, mid) <= room:
+        if _cache_need(backend, sample_bytes, mid) <= room:
             low = mid
         else:
             high = mid - 1
@@ -62,14 +61,15 @@ def fit_memory(config: LoaderConfig, measured: Any, dataset: Any, *, batch_size:
     """
     memory = memory or job_memory()
     budget = int(memory.available * BUDGET_SHARE) // max(1, ranks)
-    length = len(dataset) if config.cache == "memory" else 0
+    backend = config.cache if config.cache_in_memory else None  # only a cache in memory counts here
+    length = len(dataset) if backend is not None else 0
     cache = 0
-    if config.cache == "memory":
+    if backend is not None:
         if sample_bytes is None:
             from autotune.caches._codec import sample_nbytes
 
             sample_bytes = float(sample_nbytes(dataset[0]))
-        cache = _cache_need(sample_bytes, partial_count(config.cache_share, length))
+        cache = _cache_need(backend, sample_bytes, partial_count(config.cache_share, length))
     peak = getattr(measured, "peak_memory_bytes", None)
     plain = getattr(measured, "default_peak_memory_bytes", None)
     added = max(cache, peak - plain) if isinstance(peak, int) and isinstance(plain, int) else cache
@@ -81,14 +81,14 @@ def fit_memory(config: LoaderConfig, measured: Any, dataset: Any, *, batch_size:
         where += f" (a share of {ranks} ranks on this node)"
     changes: list[str] = []
     fitted = config
-    if config.cache == "memory":
+    if backend is not None:
         assert sample_bytes is not None
-        count = _largest_count(sample_bytes, budget - other, partial_count(config.cache_share, length))
+        count = _largest_count(backend, sample_bytes, budget - other, partial_count(config.cache_share, length))
         if count >= max(1, batch_size) and count / max(1, length) >= 0.01:
             fitted = config.replace(cache_share=count / length)
             changes.append(f"caching the first {count} of {length} samples in memory "
-                           f"({format_bytes(_cache_need(sample_bytes, count))})")
-            cache = _cache_need(sample_bytes, count)
+                           f"({format_bytes(_cache_need(backend, sample_bytes, count))})")
+            cache = _cache_need(backend, sample_bytes, count)
         else:
             fitted = config.replace(cache=None)
             changes.append("no memory cache")

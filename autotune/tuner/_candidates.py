@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from autotune._units import format_bytes
+from autotune.config import cache_backend
 from autotune.dataset import Probe
 from autotune.process import ALLOCATORS, availability
 from autotune.tuner._space import Space, start_methods
@@ -62,9 +63,9 @@ def cache_choices(probe: Probe, limits: Limits) -> tuple[str | None, ...]:
     """None (no cache) plus every backend whose estimated need fits, each exclusion noted."""
     if limits.caches is not None and not [c for c in limits.caches if c != "none"]:
         return (None,)
-    from autotune.caches import BACKENDS, estimate_need
+    from autotune.caches import backend_names, estimate_need
 
-    wanted = BACKENDS if limits.caches is None else tuple(c for c in limits.caches if c != "none")
+    wanted = backend_names() if limits.caches is None else tuple(c for c in limits.caches if c != "none")
     if not probe.deterministic:
         limits.notes.append(f"caches left out: {probe.determinism_note}")
         return (None,)
@@ -77,7 +78,7 @@ def cache_choices(probe: Probe, limits: Limits) -> tuple[str | None, ...]:
             need = (f"needs ~{format_bytes(ram)} of RAM" if ranks == 1 else
                     f"needs ~{format_bytes(ram)} of RAM in each of the node's {ranks} ranks, "
                     f"~{format_bytes(ram * ranks)} together")
-            shares = partial_shares(ram, limits) if name == "memory" else ()
+            shares = partial_shares(ram, limits) if cache_backend(name).in_memory else ()
             if shares:
                 limits.cache_shares = shares
                 choices.append(name)
@@ -131,7 +132,7 @@ def build_space(probe: Probe, limits: Limits) -> Space:
         caches=caches,
         cache_fills=("build", "first_epoch") if any(caches) else ("build",),
         # Each rank's first epoch reads only its shard: a node's shared disk cache would never be whole.
-        filled_caches=tuple(c for c in caches if c and (c == "memory" or max(1, limits.ranks) == 1)),
+        filled_caches=tuple(c for c in caches if c and (cache_backend(c).in_memory or max(1, limits.ranks) == 1)),
         allocators=allocator_choices(limits),
-        cache_shares=limits.cache_shares if "memory" in caches else (),
+        cache_shares=limits.cache_shares if any(c and cache_backend(c).in_memory for c in caches) else (),
     )

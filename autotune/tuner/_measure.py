@@ -111,7 +111,7 @@ class TrialSite:
         return self._root
 
     def before(self, step: str, backend: str, dataset: Any) -> None:
-        if step == "partial" or (step == "fill" and backend == "memory"):
+        if step == "partial" or (step == "fill" and caches.get_backend(backend).in_memory):
             return  # held in this process's memory: no folder
         self.root()
         indices, length = self.plan.cached()
@@ -136,7 +136,7 @@ class TrialSite:
         holding its own copy, as each rank's factory does. Alone, the trial builds into its own folder."""
         root, plan, fingerprint = self.root(), self.plan, self.workload.fingerprint
         name = f"{backend}-{part}" if part else backend
-        if plan.shares_cache and backend != "memory":
+        if plan.shares_cache and not caches.get_backend(backend).in_memory:
             manifest = {"key": f"trial-{part}" if part else "trial", "dataset": fingerprint, "trial": True}
             return caches.open_or_build(backend, dataset, root=root, manifest=manifest, indices=indices,
                                         progress=False, workers=plan.build_workers)
@@ -146,7 +146,7 @@ class TrialSite:
 
     def fill(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
         plan = self.plan
-        if backend == "memory":
+        if caches.get_backend(backend).in_memory:
             return FirstEpochCache(dataset, plan.indices)  # filled by the first epoch itself
         # a disk cache: one rank only (build_space)
         expected = caches.expected_manifest({"dataset": self.workload.fingerprint, "trial": True}, plan.indices)
@@ -278,7 +278,7 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     dataset, collate_fn = source.dataset, source.collate_fn
     fixed = steps.get("check", 0.0) + steps.get("key", 0.0)
     build_seconds, build_head = steps.get("cache", 0.0), site.build_head
-    memory_bytes = source.cache.nbytes if source.cache is not None and config.cache == "memory" else 0
+    memory_bytes = source.cache.nbytes if source.cache is not None and config.cache_in_memory else 0
     generator = torch.Generator().manual_seed(plan.seed)
     order: dict[str, Any] = {} if plan.stream else {"shuffle": True}  # a stream keeps its own order
     loader = make_loader(

@@ -175,10 +175,10 @@ def parse_size(text: str) -> int:
 
 
 def parse_caches(text: str) -> tuple[str, ...]:
-    from autotune.caches import BACKENDS
+    from autotune.caches import backend_names
 
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     for name in names:
-        if name != "none" and name not in BACKENDS:
-            raise AutotuneError(f"Unknown cache backend {name!r}. Valid backends: none, {', '.join(BACKENDS)}.")
+        if name != "none" and name not in backend_names():
+            raise AutotuneError(f"Unknown cache backend {name!r}. Valid backends: none, {', '.join(backend_names())}.")
     return names

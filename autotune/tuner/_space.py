@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.config import DEFAULT, LoaderConfig, fork_allows_threads
+from autotune.config import DEFAULT, LoaderConfig, cache_backend, cache_names, fork_allows_threads
 
 PREFETCH_FACTORS = (1, 2, 4, 8)
 
@@ -40,7 +40,8 @@ class Space:
     # autotune/caches/_fill.py for memory, _disk_fill.py for the others); asked only where one of
     # ``filled_caches`` was drawn (a disk cache's fill needs one rank: build_space).
     cache_fills: tuple[str, ...] = ("build",)
-    filled_caches: tuple[str, ...] = ("memory",)
+    filled_caches: tuple[str, ...] = field(default_factory=lambda: tuple(
+        n for n in cache_names() if cache_backend(n).in_memory))
     # Shares of the dataset a memory cache may hold when all of it does not fit (LoaderConfig rule 5);
     # empty: the memory cache holds everything.
     cache_shares: tuple[float, ...] = ()
@@ -60,7 +61,7 @@ class Space:
             values["pin_memory"] = trial.suggest_categorical("pin_memory", [False, True])
         values["main_threads"] = _choose(trial, "main_threads", self.main_threads, None)
         values["cache"] = _none_from(_choose(trial, "cache", [c or "none" for c in self.caches], "none"))
-        if values["cache"] == "memory" and self.cache_shares:
+        if values["cache"] is not None and cache_backend(values["cache"]).in_memory and self.cache_shares:
             values["cache_share"] = _choose(trial, "cache_share", self.cache_shares)
         if values["cache"] in self.filled_caches:
             values["cache_fill"] = _choose(trial, "cache_fill", self.cache_fills, "build")

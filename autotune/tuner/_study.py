@@ -20,7 +20,7 @@ import optuna
 
 from autotune._units import format_bytes, format_seconds
 from autotune.caches import remove_leftovers
-from autotune.config import LoaderConfig
+from autotune.config import LoaderConfig, cache_backend
 from autotune.dataset import Probe, UserSpec
 from autotune.errors import AutotuneError, MeasurementError
 from autotune.machine import shm_rule
@@ -484,8 +484,9 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
     caches = [c for c in space.caches if c is not None]
     if caches:
         allocator = "glibc-tuned" if "glibc-tuned" in space.allocators else default.allocator
-        cache = "memory" if "memory" in caches else caches[0]
-        share = space.cache_shares[0] if cache == "memory" and space.cache_shares else None  # the most that fits
+        cache = next((c for c in caches if cache_backend(c).in_memory), caches[0])  # no disk needed
+        share = (space.cache_shares[0] if cache_backend(cache).in_memory and space.cache_shares
+                 else None)  # the most that fits
         priors.append(replace(default, cache=cache, allocator=allocator, cache_share=share))
         if ("first_epoch" in space.cache_fills and cache in space.filled_caches and space.max_workers
                 and "fork" in space.contexts):
