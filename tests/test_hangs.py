@@ -47,3 +47,14 @@ def test_a_hanging_read_is_one_line_naming_the_index_and_exit_2(tmp_path, hang, 
     assert f"autotune: error: dataset[{index}] had not returned after " in run.stderr
     assert "a read that hangs" in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "autotune.json").exists()
+
+
+def test_an_index_only_a_trial_reads_is_named_and_the_search_ends_at_its_wall(tmp_path):
+    """dataset[5] is read by no check in the search's own process (the probe, determinism, fingerprint and
+    per-epoch-state reads miss it): the trial that hangs on it is given up at the budget, asked which index
+    it is reading, and the search's one line names it. On 9eac6c3: 87 s for a 20 s budget, no index."""
+    run = _search(tmp_path, 5, budget="8s")
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.count("\n") == 1, run.stderr
+    assert "could not be measured: timed out after" in run.stderr
+    assert "dataset[5] had not returned after" in run.stderr
