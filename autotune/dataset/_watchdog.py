@@ -41,15 +41,13 @@ def _overdue(now: float) -> str | None:
         deadline, per_read, fix = _armed[-1]
         what, started = _reads[-1]
     running = now - started
+    causes = (f"a read that hangs (a dead network mount, a lock, an endless loop in __getitem__), a very slow "
+              f"one, or a budget too small for this machine; {fix}")
     if now >= deadline:
-        when = "when the budget ran out"
-    elif running >= per_read:
-        when = "(the longest one read may take, a quarter of the budget)"
-    else:
-        return None
-    return (f"{what} had not returned after {running:.0f} s {when}: a read that hangs (a dead network mount, a "
-            f"lock, an endless loop in __getitem__), a very slow one, or a budget too small for this machine; "
-            f"{fix}")
+        return f"the budget ran out while autotune read {what} (for {running:.0f} s): {causes}"
+    if running >= per_read:
+        return f"{what} had not returned after {running:.0f} s (a quarter of the budget): {causes}"
+    return None
 
 
 def _watch(stop: threading.Event) -> None:
