@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from autotune.cli._options import add_json, add_ranks_per_node, add_recipe, print_json
+from autotune.cli._options import add_profile_options, print_json
 from autotune.errors import HardwareMismatch, RecipeError
 from autotune.machine import _hardware as hardware
 from autotune.machine import ranks_per_node
@@ -23,9 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Exit 0 when a profile in the recipe file matches this machine; exit 3 and "
         "say what changed when none does; exit 2 when the file is missing or corrupt.",
     )
-    add_recipe(p, positional=True)
-    add_ranks_per_node(p)
-    add_json(p)
+    add_profile_options(p)
     p.set_defaults(func=run)
 
 

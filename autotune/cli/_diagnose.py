@@ -4,7 +4,7 @@
 
     {
       "schema": "autotune-diagnose", "version": 1,
-      "measurements": {                 # autotune.verdict.Measurements; seconds, bytes
+      "measurements": {                 # autotune.verdict.Breakdown; seconds, bytes
         "source", "length", "samples", "seed", "batch_size", "usable_cpus", "cuda",
         "sample_cold", "sample_warm",   # dataset[i] per sample, files evicted / in the page cache
         "read_cold", "read_warm",       # opening+reading its files per sample (null: no files seen)
@@ -61,7 +61,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.diagnose._measure import diagnose, format_table, to_json
+    from autotune.diagnose._breakdown import diagnose, format_table, to_json
 
     for flag in ("batch_size", "samples"):
         value = getattr(args, flag)

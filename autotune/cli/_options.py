@@ -55,6 +55,14 @@ def add_ranks_per_node(p: argparse.ArgumentParser) -> None:
                    "LOCAL_WORLD_SIZE, else 1)")
 
 
+def add_profile_options(p: argparse.ArgumentParser) -> None:
+    """What a command that reads this machine's profile of a recipe takes: the recipe (also as the older
+    positional), the ranks per node that choose the profile, and ``--json``."""
+    add_recipe(p, positional=True)
+    add_ranks_per_node(p)
+    add_json(p)
+
+
 def settle(args: argparse.Namespace) -> None:
     """The shared options' final values, checked once for every subcommand: the recipe path from
     whichever spelling was given (two different ones are refused), ``--ranks-per-node`` at least 1."""

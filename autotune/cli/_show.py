@@ -7,7 +7,7 @@ import re
 import textwrap
 from typing import Any
 
-from autotune.cli._options import add_json, add_ranks_per_node, add_recipe, print_json
+from autotune.cli._options import add_profile_options, print_json
 from autotune.machine import _hardware as hardware
 from autotune.machine import ranks_per_node
 from autotune.process import PRELOAD_ALLOCATORS, command_line
@@ -27,9 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Show every profile in the recipe file: machine, dataset, DataLoader "
         "settings, cache, and what was measured; this machine's profile is marked.",
     )
-    add_recipe(p, positional=True)
-    add_ranks_per_node(p)
-    add_json(p)
+    add_profile_options(p)
     p.set_defaults(func=run)
 
 

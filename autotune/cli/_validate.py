@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune._units import format_seconds
@@ -110,9 +112,6 @@ def validate_spec(recipe: Recipe, spec: UserSpec, *, recipe_path: str | None, ta
         files_under(data_dir)  # a bad folder is refused before the run
     recipe_file = recipe_file or recipe_path
     if recipe_file is None:  # a search that writes no file: the fresh process reads a temporary one
-        import tempfile
-        from pathlib import Path
-
         from autotune.recipe._file import RecipeFile
 
         with tempfile.TemporaryDirectory(prefix="autotune-validate-") as folder:

@@ -390,7 +390,10 @@ class Search:
             if note:
                 learned[config] = note
         if default not in medians:
-            reason = failed_finalists.get(default) or (
+            loop_failure = next((str(t.user_attrs.get("reason", "")) for t in study.get_trials(
+                deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+                if t.user_attrs.get("config_key") == default.key() and t.user_attrs.get("reason")), None)
+            reason = failed_finalists.get(default) or loop_failure or (
                 f"the budget ran out before it was measured ({format_seconds(self.clock.elapsed())} spent, "
                 f"{self.clock.promise()})")
             raise AutotuneError(
