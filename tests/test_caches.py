@@ -370,6 +370,7 @@ def test_a_backend_registered_by_a_plugin_is_listed_estimated_offered_and_cleare
     decision takes it in, and it leaves with ``unregister``."""
     from backend_plugin import ShelfCache
 
+    from autotune.caches._own import make_own
     from autotune.config import LoaderConfig
     from autotune.tuner._options import parse_caches
 
@@ -378,8 +379,7 @@ def test_a_backend_registered_by_a_plugin_is_listed_estimated_offered_and_cleare
     assert parse_caches("shelf,none") == ("shelf", "none")
     assert LoaderConfig(cache="shelf").describe_cache(ranks=2) == "shelf cache, shared by the node's 2 ranks"
     shelf = build("shelf", Tensors(), tmp_path)
-    litter = tmp_path / f".{shelf.path.name}.tmp-999999-abcd1234"  # a dead builder's folder, by its name
-    litter.mkdir()
+    litter = make_own(tmp_path / f".{shelf.path.name}.tmp-999999-abcd1234", "build")  # a dead builder's
     (litter / "records").mkdir()
     entries = {Path(e["path"]).name: (e["kind"], e["backend"], e["status"]) for e in caches.list_caches(tmp_path)}
     assert entries == {shelf.path.name: ("cache", "shelf", "valid"), litter.name: ("temp", "shelf", "partial")}

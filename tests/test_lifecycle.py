@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autotune.caches._own import make_own
 from autotune.caches._trials import leftover_trials, remove_leftovers, trial_folder
 from autotune.cli._main import main
 
@@ -92,7 +93,7 @@ def _wait_for_trial(proc: subprocess.Popen, tmp_path: Path) -> list[psutil.Proce
         assert proc.poll() is None, proc.communicate()
         tree = psutil.Process(proc.pid).children(recursive=True)
         trials = [p for p in tree if _is_trial(p)]
-        if (tmp_path / "w" / "logs" / "trial-0.log").exists() and trials:
+        if list((tmp_path / "w" / "logs").glob("*/trial-0.log")) and trials:  # one folder per study
             time.sleep(1.0)  # into the read
             return [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         time.sleep(0.2)
@@ -170,16 +171,15 @@ def _list_and_clear_the_one_leftover(tmp_path, trials, capsys):
 
 def test_leftovers_are_only_dead_searches_folders(tmp_path):
     mine = Path(trial_folder(tmp_path))  # this process is alive: not a leftover
-    old = tmp_path / "trial-abc123"  # an older autotune's unnamed folder
-    old.mkdir()
+    old = make_own(tmp_path / "trial-abc123", "trial")  # an unnamed folder autotune marked
+    unmarked = tmp_path / "trial-def456"  # the same name without autotune's marker: the user's
+    unmarked.mkdir()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    gone = tmp_path / mine.name.replace(f"-{os.getpid()}-", f"-{int(dead.stdout)}-")
-    gone.mkdir()
-    other_host = tmp_path / "trial-elsewhere-1-abcdefgh"
-    other_host.mkdir()
+    gone = make_own(tmp_path / mine.name.replace(f"-{os.getpid()}-", f"-{int(dead.stdout)}-"), "trial")
+    other_host = make_own(tmp_path / "trial-elsewhere-1-abcdefgh", "trial")
     assert leftover_trials(tmp_path) == sorted([old, gone])
     assert remove_leftovers(tmp_path) == sorted([old, gone])
-    assert sorted(tmp_path.iterdir()) == sorted([mine, other_host])
+    assert sorted(tmp_path.iterdir()) == sorted([mine, other_host, unmarked])
 
 
 KILLED_WORKERS = """

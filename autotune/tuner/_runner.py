@@ -14,7 +14,6 @@ import multiprocessing
 import os
 import pickle
 import re
-import shutil
 import signal
 import sys
 import time
@@ -25,7 +24,7 @@ from typing import Any, Protocol
 import psutil
 
 from autotune._units import format_bytes
-from autotune.caches import trial_folder
+from autotune.caches import remove_trial_folder, trial_folder
 from autotune.config import LoaderConfig
 from autotune.machine import tree_pss, tree_rss
 from autotune.process import PRELOAD_ALLOCATORS, launch_env
@@ -352,7 +351,7 @@ class Runner:
                     kill_tree(rank.proc.pid)
                 rank.proc.join(10)
             if trial_dir:
-                shutil.rmtree(trial_dir, ignore_errors=True)
+                remove_trial_folder(trial_dir)
         if self.memory_limit and result.peak_memory_bytes > self.memory_limit:
             # The subset's run fitted, the whole run would not: its memory cache holds every sample. A recipe
             # over the budget would be OOM-killed where the budget is a job's limit.
