@@ -117,9 +117,9 @@ def what_hangs(pids: list[int], logs: list[str | None], wait: float = 0.5) -> st
             with contextlib.suppress(OSError):
                 with open(log, errors="replace") as f:
                     found += [(float(s), int(i)) for i, s in _READING_LINE.findall(f.read()[-65536:])]
-    if not found:
-        return ""
-    seconds, index = max(found)
+    seconds, index = max(found, default=(0.0, -1))
+    if seconds < 1.0:
+        return ""  # a read that just began: a slow candidate, not a hang
     return f"dataset[{index}] had not returned after {seconds:.0f} s (a read that hangs?)"
 
 
