@@ -23,7 +23,7 @@ install: $(STAMP)
 
 # Tune the bundled JPEG example (writes the images once, then searches for BUDGET and prints the recipe).
 demo: $(STAMP)
-	$(BIN)/autotune search examples/jpeg_folder.py --budget $(BUDGET) --output autotune.json
+	$(BIN)/autotune search examples/jpeg_folder.py --budget $(BUDGET) --recipe autotune.json
 	$(BIN)/autotune show autotune.json
 
 # The linters the project keeps clean (configured in pyproject.toml; lint-imports keeps the layers); `make test` runs them first.

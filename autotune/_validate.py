@@ -421,6 +421,8 @@ def validate_fresh(recipe: Any, recipe_path: str | os.PathLike[str], target: str
     cache_root = tempfile.mkdtemp(prefix="autotune-validate-")
     env = dict(os.environ)
     env["AUTOTUNE_CACHE_DIR"] = cache_root
+    if profile.ranks_per_node > 1:  # the child chooses the profile a rank of such a job would
+        env["LOCAL_WORLD_SIZE"] = str(profile.ranks_per_node)
     env["PYTHONPATH"] = os.pathsep.join(p for p in [*sys.path, env.get("PYTHONPATH", "")] if p)
     try:
         spawned = time.time()

@@ -171,8 +171,9 @@ class LoaderConfig:
             values["cache_share"] = None
         return cls(**values)
 
-    def replace(self, **changes: Any) -> LoaderConfig:
-        """A copy with ``changes``, fitted to the rules (see ``fitted``)."""
+    def refit(self, **changes: Any) -> LoaderConfig:
+        """A copy with ``changes``, fitted to the rules (see ``fitted``): what no longer applies is dropped,
+        where ``dataclasses.replace`` would raise ConfigError."""
         return LoaderConfig.fitted(**{**self.to_json(), **changes})
 
     # ------------------------------------------------------------------ conversions

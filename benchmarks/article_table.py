@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cell:
         return child_main(CELLS, args.cell)
     if args.quick:
-        args.images, args.budget = min(args.images, 128), min(args.budget, 8.0)
+        args.images, args.budget = min(args.images, 128), min(args.budget, 15.0)
     repeats = args.repeats or (1 if args.quick else 3)
     work = output.workdir(args.workdir, NAME)
     started = time.perf_counter()

@@ -124,7 +124,7 @@ def test_loader_config_rule_4():
         LoaderConfig(cache_fill="first_epoch")
     with pytest.raises(ConfigError, match="cache_fill must be one of build, first_epoch"):
         LoaderConfig(cache="memory", cache_fill="later")
-    assert config.replace(cache=None).cache_fill == "build"  # fitted: dropped with the cache
+    assert config.refit(cache=None).cache_fill == "build"  # fitted: dropped with the cache
     old = LoaderConfig(cache="memory").to_json()
     del old["cache_fill"]  # a recipe written before the field
     assert LoaderConfig.from_json(old).cache_fill == "build"

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 
 from autotune import cli
 from autotune.dataset._userfile import UserSpec
-from autotune.diagnose._measure import diagnose, format_table, read_files, to_json, transfer_seconds
+from autotune.diagnose._breakdown import diagnose, format_table, read_files, to_json, transfer_seconds
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -56,3 +56,33 @@ def test_the_factory_raises_a_recipe_error(tmp_path, name):
     path = _recipe(tmp_path / "autotune.json", **changes)
     with pytest.raises(RecipeError, match=message.replace("(", r"\(").replace(")", r"\)")):
         autotune.dataloader(list(range(10)), path)
+
+
+def _deep(path, depth: int, where: str):
+    """A recipe ~200 KB deep in ``where`` (brackets only): json's decoder or a later walk runs out of stack."""
+    hw = hardware.collect()
+    nested = "[" * depth + "]" * depth
+    profile = {"hardware": hw, "dataset": {"source": "data.py", "length": 10}, "settings": {"batch_size": 4},
+               "config": {"num_workers": 0}, "measured": {}}
+    text = json.dumps({"format": "autotune-recipe", "version": 2, "profiles": {hw["fingerprint"]: profile}})
+    marker = json.dumps(profile[where]) if where != "profiles" else None
+    if marker is None:
+        text = text.replace('"profiles": {', '"profiles": {"x": ' + nested + ", ", 1)
+    else:
+        text = text.replace(f'"{where}": {marker}', f'"{where}": {nested}', 1)
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("depth, where", [(100_000, "profiles"), (100_000, "settings"), (900, "measured")])
+@pytest.mark.parametrize("command", [["show"], ["check"], ["search", "tiny.py", "--no-progress", "-o"]])
+def test_a_deeply_nested_recipe_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch, depth, where, command):
+    """On 9eac6c3 a RecursionError traceback from show, check, search -o and the factory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.py").write_text("dataset = list(range(8))\n")
+    path = _deep(tmp_path / "autotune.json", depth, where)
+    assert main([*command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("autotune: error: ") and "autotune.json" in err, err
+    with pytest.raises(RecipeError):
+        autotune.dataloader(list(range(8)), path)

@@ -93,7 +93,7 @@ def _wait_for_trial(proc: subprocess.Popen, tmp_path: Path) -> list[psutil.Proce
         assert proc.poll() is None, proc.communicate()
         tree = psutil.Process(proc.pid).children(recursive=True)
         trials = [p for p in tree if _is_trial(p)]
-        if list((tmp_path / "w" / "logs").glob("*/trial-0.log")) and trials:  # one folder per study
+        if any((tmp_path / "w" / "logs").glob("*/trial-0.log")) and trials:  # logs/<study>/
             time.sleep(1.0)  # into the read
             return [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         time.sleep(0.2)

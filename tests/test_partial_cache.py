@@ -68,7 +68,7 @@ def test_loader_config_rule_5():
             LoaderConfig(cache="memory", cache_share=bad)
     with pytest.raises(ConfigError, match="cache_share=0.5 needs cache='memory', but cache='pickle'"):
         LoaderConfig(cache="pickle", cache_share=0.5)
-    assert config.replace(cache=None).cache_share is None and config.replace(cache="lmdb").cache_share is None
+    assert config.refit(cache=None).cache_share is None and config.refit(cache="lmdb").cache_share is None
     assert "cache_share" not in LoaderConfig(cache="memory").to_json()  # readable by a version before it
     assert LoaderConfig.from_json(LoaderConfig(cache="memory").to_json()) == LoaderConfig(cache="memory")
     assert partial_count(0.4, 37) == 14 and partial_count(None, 37) == 37 and partial_count(0.001, 37) == 1
@@ -264,7 +264,7 @@ def test_a_whole_memory_cache_over_the_budget_becomes_the_first_samples_that_fit
     count = partial_count(fit.config.cache_share, 2000)
     need = 600_000 * count * 1.05 + 17 * count + MIB
     assert need + 100 * MIB <= budget < need + 100 * MIB + 600_000 * 1.05 + 17  # the most that fit
-    assert fit.config.replace(cache_share=None) == config  # nothing else changed
+    assert fit.config.refit(cache_share=None) == config  # nothing else changed
     assert fit.line.count("\n") == 0
     assert "cgroup memory limit of 1.2 GiB (/sys/fs/cgroup/memory/job/memory.limit_in_bytes)" in fit.line
     assert f"caching the first {count} of 2000 samples in memory" in fit.line

@@ -135,7 +135,7 @@ def test_budget_bounds_the_number_of_trials(tmp_path):
 
 def test_resume_uses_the_same_study(tmp_path):
     dataset = Numbers(32)
-    opts = options(tmp_path, 8)
+    opts = options(tmp_path, 8, max_trials=2)  # each search asks two trials, whatever the budget left
     search_spec(spec_for(dataset), opts, None)
     storage = f"sqlite:///{(tmp_path / '.autotune' / 'studies.db').resolve()}"
     (name,) = optuna.get_all_study_names(storage)
@@ -151,7 +151,7 @@ def test_resume_uses_the_same_study(tmp_path):
 
 def test_recipe_records_what_was_measured(tmp_path):
     out = tmp_path / "autotune.json"
-    recipe, outcome = search_spec(spec_for(Numbers(40), batch_size=8, epochs=3), options(tmp_path, 10), out)
+    recipe, outcome = search_spec(spec_for(Numbers(40), batch_size=8, epochs=3), options(tmp_path, 10, max_trials=2), out)
     profile = json.loads(out.read_text())["profiles"][outcome.hardware["fingerprint"]]
     m = profile["measured"]
     assert profile["settings"] == {"batch_size": 8, "epochs": 3}

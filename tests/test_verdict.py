@@ -6,17 +6,17 @@ import json
 
 import pytest
 
-from autotune.diagnose._measure import format_table, measure_device, to_json
-from autotune.diagnose._verdict import LOADER_STAGES, Measurements, judge
+from autotune.diagnose._breakdown import format_table, measure_device, to_json
+from autotune.diagnose._verdict import LOADER_STAGES, Breakdown, judge
 
 
-def measurements(**kw) -> Measurements:
+def measurements(**kw) -> Breakdown:
     """A balanced loader (batch of 32 on 4 CPUs) with a light consumer; tests change one thing."""
     base = dict(batch_size=32, usable_cpus=4, sample_cold=1e-3, sample_warm=5e-4, read_cold=2e-4, read_warm=5e-5,
                 collate=1e-3, transfer=1e-3, consumer=1e-3, files=64, length=1000, samples=64,
                 sample_bytes=10_000, batch_bytes=320_000, source="constructed.py:dataset")
     base.update(kw)
-    return Measurements(**base)
+    return Breakdown(**base)
 
 
 def test_consumer_bound_says_no_loader_setting_helps():
@@ -103,7 +103,7 @@ def test_stages_and_shares_cover_the_loader():
 def test_verdict_and_measurements_round_trip_through_json():
     m = measurements(consumer=None, pin=None, h2d=None, notes=("a note",))
     doc = json.loads(json.dumps(to_json(m, judge(m)), allow_nan=False))
-    assert Measurements.from_dict(doc["measurements"]) == m
+    assert Breakdown.from_dict(doc["measurements"]) == m
     assert doc["verdict"]["ceilings"]["no_stall"] is None
 
 

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
+import shutil
 import stat
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune._units import format_bytes
 from autotune.caches import _hdf5, _lmdb, _memory, _pickle  # noqa: F401  # the built-in backends register
 from autotune.caches._base import (
     MANIFEST_NAME,
@@ -26,6 +29,7 @@ from autotune.caches._base import (
     set_aside,
     try_open,
 )
+from autotune.caches._codec import sample_nbytes
 from autotune.caches._disk_fill import LOCK as FILL_LOCK
 from autotune.caches._disk_fill import DiskFill, active_fill
 from autotune.caches._family import backend as get_backend
@@ -208,9 +212,21 @@ def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, ma
         _remove_dead_builds(root, path.name)
         _warn_anew(why, path, name, expected, "building")
         target = place_for(path) if why else path
+        _check_room(name, dataset, indices, root)
         return cls.build(dataset, indices, target, manifest=expected, progress=progress, workers=workers)
     finally:
         lock.release()
+
+
+def _check_room(name: str, dataset: Any, indices: Sequence[int], root: Path) -> None:
+    """Refuse (OSError ENOSPC, nothing written) a build whose estimated size, from one sample, exceeds the free
+    space of ``root``: a library that runs out of disk mid-write does not always fail cleanly (h5py prints
+    its destructors' errors, and HDF5 itself crashed here on a full tmpfs)."""
+    need = estimate_need(name, sample_nbytes(dataset[indices[0]]), len(indices))[1]
+    free = shutil.disk_usage(root).free
+    if need > free:
+        raise OSError(errno.ENOSPC, f"No space left on device: the {name} cache needs ~{format_bytes(need)}, "
+                      f"{format_bytes(free)} free in {root}")
 
 
 # -------------------------------------------------------------------------------- list and clear

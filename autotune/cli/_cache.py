@@ -10,6 +10,7 @@ from pathlib import Path
 
 from autotune._units import format_bytes
 from autotune.caches import clear_caches, default_root, disk_names, list_caches
+from autotune.cli._options import add_json, print_json
 
 _TRIALS = Path("cache") / "trials"  # under a search's --workdir
 
@@ -30,6 +31,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                              "else ~/.cache/autotune)")
         ap.add_argument("--workdir", type=Path, default=Path(".autotune"),
                         help="a search's --workdir, whose trial leftovers are included (default %(default)s)")
+        add_json(ap)
         if name == "clear":
             ap.add_argument("--backend", choices=list(disk_names()), help="only this backend")
     p.set_defaults(func=run)
@@ -46,8 +48,11 @@ def _folders(args: argparse.Namespace) -> list[Path]:
 def run(args: argparse.Namespace) -> int:
     folders = _folders(args)
     if args.cache_action == "clear":
-        for folder in folders:
-            result = clear_caches(folder, backend=args.backend)
+        results = {str(folder): clear_caches(folder, backend=args.backend) for folder in folders}
+        if args.json:
+            print_json({"folders": results})
+            return 0
+        for folder, result in results.items():
             n = len(result["removed"])
             print(f"Removed {n} cache{'s' if n != 1 else ''} from {folder}.")
             for path in result["foreign"]:
@@ -60,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"Left {path} untouched: owned by another user.")
         return 0
     entries = [e for folder in folders for e in list_caches(folder)]
+    if args.json:
+        print_json({"folders": [str(f) for f in folders], "caches": entries})
+        return 0
     if not entries:
         print(f"No caches in {' or '.join(map(str, folders))}.")
         return 0

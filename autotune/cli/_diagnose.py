@@ -4,7 +4,7 @@
 
     {
       "schema": "autotune-diagnose", "version": 1,
-      "measurements": {                 # autotune.verdict.Measurements; seconds, bytes
+      "measurements": {                 # autotune.verdict.Breakdown; seconds, bytes
         "source", "length", "samples", "seed", "batch_size", "usable_cpus", "cuda",
         "sample_cold", "sample_warm",   # dataset[i] per sample, files evicted / in the page cache
         "read_cold", "read_warm",       # opening+reading its files per sample (null: no files seen)
@@ -37,6 +37,7 @@ import json
 import sys
 from collections.abc import Callable
 
+from autotune.cli._options import add_json, add_no_progress
 from autotune.dataset import load_user_file, require_map_style
 from autotune.errors import AutotuneError
 
@@ -54,12 +55,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--batch-size", type=int, help="batch size (default: the file's batch_size, else 32)")
     p.add_argument("--samples", type=int, help="samples in the measured subset (default: 4 batches, at least 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the subset (default 0)")
-    p.add_argument("--json", action="store_true", help="print JSON (schema in `autotune diagnose` docs)")
+    add_json(p)
+    add_no_progress(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.diagnose._measure import diagnose, format_table, to_json
+    from autotune.diagnose._breakdown import diagnose, format_table, to_json
 
     for flag in ("batch_size", "samples"):
         value = getattr(args, flag)
@@ -67,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
             raise AutotuneError(f"--{flag.replace('_', '-')} must be a positive integer, but got {value}.")
     spec = load_user_file(args.target, batch_size=args.batch_size)
     require_map_style(spec, "diagnose")
-    m, v = diagnose(spec, samples=args.samples, seed=args.seed, progress=_progress())
-    _progress_done()
+    m, v = diagnose(spec, samples=args.samples, seed=args.seed, progress=_progress(args.progress is not False))
+    if args.progress is not False:
+        _progress_done()
     if args.json:
         print(json.dumps(to_json(m, v), indent=2, allow_nan=False))
     else:
@@ -76,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress() -> Callable[[str], None] | None:
-    if not sys.stderr.isatty():
+def _progress(wanted: bool) -> Callable[[str], None] | None:
+    if not wanted or not sys.stderr.isatty():
         return None
 
     def say(text: str) -> None:

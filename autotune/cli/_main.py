@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 
 from autotune import __version__
+from autotune.cli._options import settle
 from autotune.errors import AutotuneError
 from autotune.tuner._lifecycle import Stopped
 
@@ -48,10 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.debug = debug
     try:
+        settle(args)
         return int(args.func(args) or 0)
     except AutotuneError as exc:
-        if debug:
-            raise
+        if debug:  # the traceback too, and the same exit status as without --debug
+            traceback.print_exc()
         print(f"autotune: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from autotune.cli._options import add_json, add_recipe, print_json
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -13,16 +15,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "num_workers and cache backend, memory by num_workers, the chosen recipe against the default and "
         "the other finalists, cold against warm epoch, and the hardware. Needs matplotlib.",
     )
-    p.add_argument("recipe", nargs="?", default="autotune.json", help="recipe file (default: autotune.json)")
-    p.add_argument("--output", "-o", default="report.html", help="HTML file to write (default: report.html)")
+    add_recipe(p, positional=True)
+    p.add_argument("--html", metavar="PATH", default=None, help="HTML file to write (default report.html)")
+    p.add_argument("-o", "--output", dest="html", default=None, help=argparse.SUPPRESS)  # the older spelling
     p.add_argument("--png", metavar="DIR", help="also write each plot as a PNG file in DIR")
+    add_json(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from autotune.diagnose._report import build_report
 
-    result = build_report(args.recipe, args.output, args.png)
+    result = build_report(args.recipe, args.html or "report.html", args.png)
+    if args.json:
+        print_json({"recipe": str(args.recipe), "html": str(result.output), "png": [str(p) for p in result.pngs],
+                    "notes": [n for n in (result.profile_note, None if result.study_opened else result.study_note)
+                              if n],
+                    "dashboard_command": result.dashboard_command or None})
+        return 0
     if result.profile_note:
         print(f"note: {result.profile_note}")
     if not result.study_opened:

@@ -19,8 +19,10 @@ import warnings
 from collections.abc import Mapping
 from typing import TextIO
 
+from autotune.cli._options import add_json, add_ranks_per_node, add_recipe, print_json
 from autotune.errors import AutotuneError
 from autotune.machine import _hardware as hardware
+from autotune.machine import ranks_per_node
 from autotune.process import ProcessSettings, launch_env
 from autotune.recipe._file import RecipeFile, choose_profile, mismatch_message
 
@@ -40,7 +42,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "thread counts. A library missing here falls back with a message. Example: "
         "autotune run -- python train.py",
     )
-    p.add_argument("--recipe", default="autotune.json", help="recipe file (default: autotune.json)")
+    add_recipe(p)
+    add_ranks_per_node(p)
+    add_json(p)
     p.add_argument(
         "--dry-run", action="store_true", help="print the environment and command instead of running it"
     )
@@ -55,14 +59,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def load_settings(path: str, on_mismatch: str = "warn") -> tuple[ProcessSettings, list[str]]:
+def load_settings(path: str, on_mismatch: str = "warn",
+                  ranks: int | None = None) -> tuple[ProcessSettings, list[str]]:
     """This machine's process settings from the recipe at ``path``, and notes (a hardware mismatch)."""
 
     rf = RecipeFile.read(path)
     notes: list[str] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # said below as one note, not as a warning with a source line
-        profile, changes = choose_profile(rf, hardware.collect(), "error" if on_mismatch == "error" else "search")
+        profile, changes = choose_profile(rf, hardware.collect(ranks_per_node=ranks_per_node(ranks)),
+                                          "error" if on_mismatch == "error" else "search")
     if changes:
         notes.append(mismatch_message(profile, changes, path))
     return profile.config.process_settings(), notes
@@ -79,6 +85,7 @@ def start(
     *,
     base_env: Mapping[str, str] | None = None,
     dry_run: bool = False,
+    as_json: bool = False,
     notes: list[str] | None = None,
     out: TextIO | None = None,
     err: TextIO | None = None,
@@ -93,6 +100,10 @@ def start(
         raise AutotuneError("autotune run needs a command after `--`, e.g. `autotune run -- python train.py`")
     base_env = os.environ if base_env is None else base_env
     env, launch_notes = launch_env(settings, base_env)
+    if dry_run and as_json:
+        print_json({"env": env_changes(env, base_env), "command": cmd, "settings": settings.describe(),
+                    "notes": list(notes or []) + launch_notes}, out)
+        return 0
     for note in list(notes or []) + launch_notes:
         print(f"autotune run: note: {note}", file=err)
     changes = env_changes(env, base_env)
@@ -118,5 +129,8 @@ def run(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise AutotuneError("autotune run needs a command after `--`, e.g. `autotune run -- python train.py`")
-    settings, notes = load_settings(args.recipe, args.on_mismatch)
-    return start(settings, cmd, dry_run=args.dry_run, notes=notes)
+    settings, notes = load_settings(args.recipe, args.on_mismatch, args.ranks_per_node)
+    if args.json and not args.dry_run:
+        raise AutotuneError("autotune run --json reports what would run: add --dry-run (a started command's "
+                            "output is its own).")
+    return start(settings, cmd, dry_run=args.dry_run, as_json=args.json, notes=notes)

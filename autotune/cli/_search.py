@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from typing import TYPE_CHECKING
 
 from autotune._units import format_seconds
+from autotune.cli._options import add_json, add_recipe, print_json
+from autotune.cli._validate import summary as validation_summary
 from autotune.errors import AutotuneError
 
 if TYPE_CHECKING:
     from autotune._api import Recipe
+    from autotune._validate import Validation
     from autotune.dataset import UserSpec
     from autotune.tuner._options import SearchOptions
     from autotune.tuner._study import Outcome
@@ -46,7 +50,8 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("search", help="tune the DataLoader for a dataset file and write the recipe")
     add_search_arguments(p)
-    p.add_argument("--output", "-o", default="autotune.json", help="recipe file (default autotune.json)")
+    add_recipe(p, aliases=("-o", "--output"), writes=True)
+    add_json(p)
     p.add_argument("--validate", action="store_true",
                    help="then run the recipe as the user will (a fresh process, cold start, its epochs) "
                    "and print predicted vs measured")
@@ -82,10 +87,9 @@ def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
     epoch, d_epoch = m.chosen.epoch_seconds or 0.0, m.default.epoch_seconds or 0.0
     total, d_total = m.chosen.total_seconds or 0.0, m.default.total_seconds or 0.0
     sub = m.subset or Subset(measured=0, length=0)
-    lines.append(
-        f"  epoch: {format_seconds(epoch)} vs {format_seconds(d_epoch)} for the default "
-        f"(num_workers=0): {epoch / d_epoch if d_epoch else 1.0:.2f}x the default's time"
-    )
+    lines.append(f"  epoch: {format_seconds(epoch)}, the default's (num_workers=0)" if m.is_default else
+                 f"  epoch: {format_seconds(epoch)} vs {format_seconds(d_epoch)} for the default "
+                 f"(num_workers=0): {epoch / d_epoch if d_epoch else 1.0:.2f}x the default's time")
     lines.append(
         f"  whole run ({recipe.profile.settings.epochs} epochs"
         f"{', cache build included' if recipe.config.cache else ''}): {format_seconds(total)} vs "
@@ -116,8 +120,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.recipe._file import RecipeFile
 
     opts = options_from(args)
-    if args.output is not None:
-        RecipeFile.check_target(args.output)  # before the budget is spent
+    RecipeFile.check_target(args.recipe)  # before the budget is spent
     clock = opts.clock()
     with guarded(clock.budget_end, clock.read_allowance):  # the file's import and its first sample
         spec = load_user_file(args.target, batch_size=args.batch_size, epochs=args.epochs,
@@ -125,10 +128,16 @@ def run(args: argparse.Namespace) -> int:
     if args.validate and _spec_is_stream(spec):
         raise AutotuneError("--validate runs a map-style dataset's epochs; a stream's recipe is checked by the "
                             "search's own interleaved re-measurement. Drop --validate.")
-    recipe, outcome = search_spec(spec, opts, args.output)
-    print(summary(recipe, outcome, args.output))
-    if args.validate:
-        print(validate_recipe(recipe, spec, args))
+    recipe, outcome = search_spec(spec, opts, args.recipe)
+    validation = validate_recipe(recipe, spec, args) if args.validate else None
+    if args.json:
+        print_json({"recipe": str(args.recipe), "profile": recipe.profile.to_dict(), "notes": list(outcome.notes),
+                    "failed": list(outcome.failed),
+                    "validation": None if validation is None else dataclasses.asdict(validation[0])})
+        return 0
+    print(summary(recipe, outcome, args.recipe))
+    if validation is not None:
+        print(validation_summary(*validation))
     return 0
 
 
@@ -138,12 +147,12 @@ def _spec_is_stream(spec: UserSpec) -> bool:
     return is_stream(spec.dataset)
 
 
-def validate_recipe(recipe: Recipe, spec: UserSpec, args: argparse.Namespace) -> str:
+def validate_recipe(recipe: Recipe, spec: UserSpec, args: argparse.Namespace) -> tuple[Validation, str | None]:
     """Run the recipe for real and store predicted against measured in the recipe file."""
     from autotune.cli._validate import validate_spec
 
     subset = recipe.profile.measured.subset
     # A dataset too large to read whole during a search is validated on as many batches as a trial read.
     max_batches = max(2, subset.measured // spec.batch_size) if subset and subset.extrapolated else None
-    return validate_spec(recipe, spec, recipe_path=args.output, target=args.target, data_dir=args.data_dir,
+    return validate_spec(recipe, spec, recipe_path=args.recipe, target=args.target, data_dir=args.data_dir,
                          max_batches=max_batches)

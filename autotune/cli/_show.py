@@ -7,6 +7,7 @@ import re
 import textwrap
 from typing import Any
 
+from autotune.cli._options import add_profile_options, print_json
 from autotune.machine import _hardware as hardware
 from autotune.machine import ranks_per_node
 from autotune.process import PRELOAD_ALLOCATORS, command_line
@@ -26,14 +27,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Show every profile in the recipe file: machine, dataset, DataLoader "
         "settings, cache, and what was measured; this machine's profile is marked.",
     )
-    p.add_argument("recipe", nargs="?", default="autotune.json", help="recipe file (default: autotune.json)")
+    add_profile_options(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     rf = RecipeFile.read(args.recipe)
     # the profile this rank's factory would choose: torchrun's LOCAL_WORLD_SIZE, as `check` and load() read it
-    hw = hardware.collect(ranks_per_node=ranks_per_node())
+    hw = hardware.collect(ranks_per_node=ranks_per_node(args.ranks_per_node))
+    if args.json:
+        print_json({"recipe": str(args.recipe), "machine": hw["fingerprint"], "version": VERSION,
+                    "profiles": {key: p.to_dict() for key, p in rf.profiles.items()}})
+        return 0
     print(render(rf, hw, str(args.recipe)))
     return 0
 

@@ -9,9 +9,13 @@ and stored in this machine's profile under ``measured["validation"]``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autotune._units import format_seconds
+from autotune.cli._options import add_json, add_ranks_per_node, add_recipe, print_json
 from autotune.errors import AutotuneError
 
 if TYPE_CHECKING:
@@ -26,7 +30,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "predicted against measured with the error in percent, and store it in the recipe.")
     p.add_argument("target", metavar="PATH[:NAME]",
                    help="Python file defining the dataset (NAME defaults to 'dataset')")
-    p.add_argument("--recipe", default="autotune.json", help="recipe file (default autotune.json)")
+    add_recipe(p)
+    add_ranks_per_node(p)
+    add_json(p)
     p.add_argument("--max-batches", type=int, help="measure at most this many batches per epoch, then extrapolate")
     p.add_argument("--epochs", type=int, help="epochs to run (default: the recipe's)")
     p.add_argument("--batch-size", type=int, help="batch size (default: the recipe's)")
@@ -48,7 +54,7 @@ def _fraction(value: float | None) -> str:
     return "unknown" if value is None else f"{100 * value:.0f}%"
 
 
-def summary(v: Validation, recipe_path: str | None, stored: bool) -> str:
+def summary(v: Validation, stored_in: str | None) -> str:
     lines = []
     for note in v.notes:
         lines.append(f"note: {note}")
@@ -87,16 +93,16 @@ def summary(v: Validation, recipe_path: str | None, stored: bool) -> str:
         lines.append(f"  run in a fresh process from a cold start (start-up before the factory: "
                      f"{_secs(v.process_start_seconds)}, not counted)")
     lines.append("  error = (measured - predicted) / predicted: positive when the run took longer than promised")
-    if stored:
-        lines.append(f"Stored in {recipe_path} under this profile's measured[\"validation\"].")
+    if stored_in:
+        lines.append(f"Stored in {stored_in} under this profile's measured[\"validation\"].")
     return "\n".join(lines)
 
 
 def validate_spec(recipe: Recipe, spec: UserSpec, *, recipe_path: str | None, target: str,
                   recipe_file: str | None = None, data_dir: str | None = None, max_batches: int | None = None,
-                  epochs: int | None = None, seed: int = 0) -> str:
+                  epochs: int | None = None, seed: int = 0) -> tuple[Validation, str | None]:
     """Run ``recipe`` as the user will (a fresh process over ``target``, the dataset file), store the result
-    when given a recipe path, and return the summary to print (shared by `autotune validate` and
+    when given a recipe path; the validation and where it was stored (shared by `autotune validate` and
     `autotune search --validate`). ``recipe_file`` is where the recipe is read (default ``recipe_path``)."""
     from autotune._validate import store, validate_fresh
 
@@ -106,9 +112,6 @@ def validate_spec(recipe: Recipe, spec: UserSpec, *, recipe_path: str | None, ta
         files_under(data_dir)  # a bad folder is refused before the run
     recipe_file = recipe_file or recipe_path
     if recipe_file is None:  # a search that writes no file: the fresh process reads a temporary one
-        import tempfile
-        from pathlib import Path
-
         from autotune.recipe._file import RecipeFile
 
         with tempfile.TemporaryDirectory(prefix="autotune-validate-") as folder:
@@ -120,7 +123,7 @@ def validate_spec(recipe: Recipe, spec: UserSpec, *, recipe_path: str | None, ta
                             epochs=epochs, max_batches=max_batches, data_dir=data_dir, seed=seed)
     if recipe_path:
         store(recipe_path, result)
-    return summary(result, recipe_path, bool(recipe_path))
+    return result, recipe_path or None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,10 +136,14 @@ def run(args: argparse.Namespace) -> int:
         raise AutotuneError(f"--epochs must be at least 1, but got {args.epochs}.")
     if args.batch_size is not None and args.batch_size < 1:
         raise AutotuneError(f"--batch-size must be a positive integer, but got {args.batch_size}.")
-    recipe = load(args.recipe)
+    recipe = load(args.recipe, ranks_per_node=args.ranks_per_node)
     spec = load_user_file(args.target, batch_size=args.batch_size or recipe.profile.settings.batch_size)
     require_map_style(spec, "validate")
-    print(validate_spec(recipe, spec, recipe_path=None if args.no_store else args.recipe, target=args.target,
-                        recipe_file=args.recipe, data_dir=args.data_dir, max_batches=args.max_batches,
-                        epochs=args.epochs, seed=args.seed))
+    result, stored_in = validate_spec(recipe, spec, recipe_path=None if args.no_store else args.recipe,
+                                      target=args.target, recipe_file=args.recipe, data_dir=args.data_dir,
+                                      max_batches=args.max_batches, epochs=args.epochs, seed=args.seed)
+    if args.json:
+        print_json({"recipe": str(args.recipe), "stored": stored_in is not None, **dataclasses.asdict(result)})
+        return 0
+    print(summary(result, stored_in))
     return 0

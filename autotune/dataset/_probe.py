@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,8 +110,6 @@ def time_step(train_step: Callable[[Any], Any] | None, batch: Any) -> float:
 
 def probe_stream(spec: UserSpec, length: int | None, count: int = 8) -> Probe:
     """The first ``count`` samples of a stream, read in this process: their cost, size and bits."""
-    import hashlib
-
 
     with reading("the stream's first samples"):
         samples, seconds = first_samples(spec.dataset, count)

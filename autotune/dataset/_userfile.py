@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 from collections.abc import Callable
@@ -77,10 +78,12 @@ def read_sample(dataset: Any, index: int) -> Any:
         with reading(f"dataset[{index}]"):
             return dataset[index]
     except Exception as exc:  # noqa: BLE001 - the user's __getitem__ can raise anything
-        raise DatasetError(
-            f"dataset[{index}] raised {type(exc).__name__}: {exc}. "
-            "Fix the dataset's __getitem__ (run with --debug for the traceback)."
-        ) from exc
+        hint = "Fix the dataset's __getitem__ (run with --debug for the traceback)."
+        if isinstance(exc, IndexError):
+            with contextlib.suppress(Exception):
+                hint = (f"Does __len__ ({len(dataset)}) promise more samples than __getitem__ serves? Make the "
+                        "two agree (run with --debug for the traceback).")
+        raise DatasetError(f"dataset[{index}] raised {type(exc).__name__}: {exc}. {hint}") from exc
 
 
 def _int_hook(module: Any, name: str, default: int, where: str) -> int:

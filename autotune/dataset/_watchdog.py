@@ -18,7 +18,7 @@ from collections.abc import Iterator
 EXIT_CODE = 2
 
 _lock = threading.Lock()
-_reads: list[tuple[str, float]] = []  # what is being read now, innermost last, with when it started
+_reads: list[tuple[str, float, bool]] = []  # what is being read now, innermost last: since when, one read or not
 _armed: list[tuple[float, float, str]] = []  # (deadline, longest one read may take, the fix to name)
 
 
@@ -26,7 +26,7 @@ _armed: list[tuple[float, float, str]] = []  # (deadline, longest one read may t
 def reading(what: str) -> Iterator[None]:
     """Mark ``what`` ("dataset[17]", "len(dataset)") as being read, for the watchdog's message."""
     with _lock:
-        _reads.append((what, time.monotonic()))
+        _reads.append((what, time.monotonic(), True))
     try:
         yield
     finally:
@@ -36,20 +36,18 @@ def reading(what: str) -> Iterator[None]:
 
 def _overdue(now: float) -> str | None:
     with _lock:
-        if not _armed or not _reads:
+        if not _armed:
             return None
         deadline, per_read, fix = _armed[-1]
-        what, started = _reads[-1]
+        what, started, one_read = _reads[-1]
     running = now - started
+    causes = (f"a read that hangs (a dead network mount, a lock, an endless loop in __getitem__), a very slow "
+              f"one, or a budget too small for this machine; {fix}")
     if now >= deadline:
-        when = "when the budget ran out"
-    elif running >= per_read:
-        when = "(the longest one read may take, a quarter of the budget)"
-    else:
-        return None
-    return (f"{what} had not returned after {running:.0f} s {when}: a read that hangs (a dead network mount, a "
-            f"lock, an endless loop in __getitem__), a very slow one, or a budget too small for this machine; "
-            f"{fix}")
+        return f"the budget ran out while autotune read {what} (for {running:.0f} s): {causes}"
+    if one_read and running >= per_read:
+        return f"{what} had not returned after {running:.0f} s (a quarter of the budget): {causes}"
+    return None
 
 
 def _watch(stop: threading.Event) -> None:
@@ -63,11 +61,15 @@ def _watch(stop: threading.Event) -> None:
 
 
 @contextlib.contextmanager
-def guarded(deadline: float, per_read: float, fix: str = "fix that read, or pass a larger --budget") -> Iterator[None]:
-    """Watch the reads inside this block: none may run past ``deadline`` (time.monotonic()) nor take longer
-    than ``per_read`` seconds. Nested blocks use the innermost deadline."""
+def guarded(deadline: float, per_read: float, fix: str = "fix that read, or pass a larger --budget",
+            what: str = "the dataset") -> Iterator[None]:
+    """Watch the block: nothing in it may run past ``deadline`` (time.monotonic()), and no read named by
+    ``reading`` may take longer than ``per_read`` seconds. Nested blocks use the innermost deadline."""
     with _lock:
         _armed.append((deadline, per_read, fix))
+        # whatever runs in the block between named reads (a check reading samples its own way) is under the
+        # deadline too, not under the limit of one read
+        _reads.append((what, time.monotonic(), False))
     stop = threading.Event()
     thread = threading.Thread(target=_watch, args=(stop,), name="autotune-watchdog", daemon=True)
     thread.start()
@@ -78,3 +80,4 @@ def guarded(deadline: float, per_read: float, fix: str = "fix that read, or pass
         thread.join()
         with _lock:
             _armed.pop()
+            _reads.pop()

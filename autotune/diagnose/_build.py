@@ -22,7 +22,10 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from autotune.machine import _evict, first_touch_seconds
+from autotune._validate import bare_decode
+from autotune.caches import MemoryCache
+from autotune.dataset import check_deterministic
+from autotune.machine import _evict, build_workers, first_touch_seconds
 
 ROUNDS = 2
 _SMALL = 16  # samples in the build that measures the fixed part
@@ -61,8 +64,6 @@ class BuildCost:
 
 def _build(dataset: Any, indices: list[int], workers: int) -> tuple[float, int]:
     """Seconds of a memory-cache build of ``indices``, and the bytes the cache holds."""
-    from autotune.caches import MemoryCache
-
     start = time.perf_counter()
     cache = MemoryCache.build(dataset, indices, None, manifest={}, progress=False, workers=workers)
     seconds = time.perf_counter() - start
@@ -74,10 +75,6 @@ def _build(dataset: Any, indices: list[int], workers: int) -> tuple[float, int]:
 def build_against_decode(dataset: Any, indices: list[int], files: set[str], *, workers: int | None = None,
                          rounds: int = ROUNDS) -> BuildCost:
     """Time a memory-cache build of ``indices`` against a bare decode pass of them (see the module)."""
-    from autotune._validate import bare_decode
-    from autotune.dataset import check_deterministic
-    from autotune.machine import build_workers
-
     workers = build_workers() if workers is None else workers
     builds, decodes, touches, nbytes = [], [], [], 0
     for _ in range(rounds):

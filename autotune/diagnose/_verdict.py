@@ -1,6 +1,6 @@
 """Where the time goes: the verdict of ``autotune diagnose`` as a pure function of its measurements.
 
-``judge(Measurements) -> Verdict`` does no I/O and reads no clock, so tests feed it constructed
+``judge(Breakdown) -> Verdict`` does no I/O and reads no clock, so tests feed it constructed
 measurements. The model, per batch of ``B`` samples, in seconds of one CPU:
 
 - storage: ``B * read`` -- opening and reading the files ``dataset[i]`` opened (cold in the first
@@ -34,7 +34,7 @@ from typing import Any
 
 from autotune._units import format_fine
 
-__all__ = ["LOADER_STAGES", "STAGE_LABELS", "Measurements", "Verdict", "judge"]
+__all__ = ["LOADER_STAGES", "STAGE_LABELS", "Breakdown", "Verdict", "judge"]
 
 LOADER_STAGES = ("storage", "decode", "transform", "collate", "transfer")
 STAGE_LABELS = {
@@ -49,7 +49,7 @@ NEGLIGIBLE = 0.10
 
 
 @dataclass(frozen=True)
-class Measurements:
+class Breakdown:
     """What ``autotune diagnose`` measured. Times in seconds, per sample or per batch as named."""
 
     batch_size: int
@@ -93,7 +93,7 @@ class Measurements:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Measurements:
+    def from_dict(cls, data: dict[str, Any]) -> Breakdown:
         known = set(cls.__dataclass_fields__)
         values = {k: v for k, v in data.items() if k in known}
         values["notes"] = tuple(values.get("notes", ()))
@@ -135,7 +135,7 @@ def _rate(batch_size: int, seconds: float | None) -> float | None:
     return batch_size / seconds
 
 
-def _stages(m: Measurements, read: float | None) -> dict[str, float]:
+def _stages(m: Breakdown, read: float | None) -> dict[str, float]:
     b = m.batch_size
     read_warm = m.read_warm or 0.0
     return {
@@ -183,7 +183,7 @@ def _mib(n: float) -> str:
     return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n / 1024:.1f} KiB"
 
 
-def judge(m: Measurements) -> Verdict:
+def judge(m: Breakdown) -> Verdict:
     """The verdict for ``m``: who bounds training, which loader stage dominates, what can help."""
     cpus = max(1, m.usable_cpus)
     loader_cpus = max(1, cpus - 1) if m.consumer_on_cpu and m.consumer else cpus
@@ -288,7 +288,7 @@ def judge(m: Measurements) -> Verdict:
     )
 
 
-def _advice(m: Measurements, stage: str, stages: dict[str, float], shares: dict[str, float], cpus: int,
+def _advice(m: Breakdown, stage: str, stages: dict[str, float], shares: dict[str, float], cpus: int,
             helps: list[str], cannot: list[str], lines: list[str]) -> None:
     share = f"{_pct(shares[stage])} of the loader's work"
     read_share = _pct(shares["storage"])

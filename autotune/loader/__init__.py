@@ -6,6 +6,7 @@ the loader reads: the dataset, or a cache of it.  See docs/architecture.md.
 """
 
 from autotune.loader._dataloader import (
+    READING,
     DeviceConsumer,
     Transformed,
     TransformedStream,
@@ -26,6 +27,7 @@ from autotune.loader._source import (
 )
 
 __all__ = [
+    "READING",
     "CacheSite",
     "DeviceConsumer",
     "FactorySite",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +25,17 @@ class Transformed(Dataset[Any]):
         return len(self.indices) if self.indices is not None else len(self.source)
 
     def __getitem__(self, i: int) -> Any:
-        sample = self.source[self.indices[i] if self.indices is not None else i]
+        index = self.indices[i] if self.indices is not None else i
+        READING[0] = (index, time.monotonic())  # a trial that hangs says which index (tuner/_runner.py)
+        try:
+            sample = self.source[index]
+        finally:
+            READING[0] = None
         return self.transform(sample) if self.transform is not None else sample
+
+
+# The index this process is reading from the user's dataset now, and since when (None between reads).
+READING: list[tuple[int, float] | None] = [None]
 
 
 class TransformedStream(IterableDataset[Any]):

@@ -11,9 +11,12 @@ read sample by sample through ``Transformed``, so ``transform`` runs after the c
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -35,6 +38,7 @@ from autotune.caches import (
 )
 from autotune.config import LoaderConfig, partial_count
 from autotune.dataset import check_deterministic
+from autotune.errors import DatasetError
 from autotune.loader._dataloader import Transformed, with_transform
 from autotune.machine import build_workers
 
@@ -152,8 +156,46 @@ def prepare_source(dataset: Any, config: LoaderConfig, site: CacheSite, *, trans
     else:
         site.before("build", backend, dataset)
         cache = _timed(timer, "cache", lambda: site.build(backend, dataset, key))
+        if cache is None:  # it could not be written: the source, as without a cache
+            return Prepared(_uncached(dataset, transform, site), collate_fn)
     data, collate = reading(cache, transform, collate_fn)
     return Prepared(site.shard(data), collate, cache)
+
+
+class CacheBuildFailed(UserWarning):
+    """A cache could not be written (a full disk): the loader reads the source instead."""
+
+
+def _outside_autotune() -> int:
+    """The stacklevel of the first caller outside this package, so a warning names the user's line."""
+    frame, level = sys._getframe(1), 1
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level
+
+
+def _first_line(exc: BaseException) -> str:
+    text = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def _unraisables() -> Iterator[list[str]]:
+    """Collect, for the block, what would print as "Exception ignored in ..." (sys.unraisablehook), as lines:
+    keeping the exceptions would keep the dying objects they name alive."""
+    seen: list[str] = []
+    before = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if unraisable.exc_value is not None:
+            seen.append(_first_line(unraisable.exc_value))
+
+    sys.unraisablehook = hook
+    try:
+        yield seen
+    finally:
+        sys.unraisablehook = before
 
 
 def _uncached(dataset: Any, transform: Callable[..., Any] | None, site: CacheSite) -> Any:
@@ -182,8 +224,26 @@ class FactorySite:
         pass
 
     def build(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
-        return open_or_build(backend, dataset, root=self.root, manifest=key, progress=self.progress,
-                             workers=self.workers)
+        """The cache opened or built; None, with one warning, when it cannot be written (a full disk: an
+        OSError, lmdb.Error or an h5py error): training reads the source instead, as a fill does. The
+        library's own complaints while the failed build is torn down (h5py's "Exception ignored" lines from
+        its destructors) are part of that one warning, not printed beside it."""
+        problem = ""
+        with _unraisables() as ignored:
+            try:
+                return open_or_build(backend, dataset, root=self.root, manifest=key, progress=self.progress,
+                                     workers=self.workers)
+            except DatasetError:
+                raise  # the dataset's own failure: reading the source would fail the same way
+            except Exception as exc:  # noqa: BLE001 - a backend's write error comes in its library's types
+                problem = _first_line(exc)
+        if ignored and "No space left" not in problem:
+            problem += f" ({ignored[0]})"
+        where = self.root or "the per-user cache folder"
+        warnings.warn(f"autotune: the {backend} cache could not be built in {where}: {problem}; this loader "
+                      "reads the source instead (free some disk, or pass cache_dir= a folder with room)",
+                      CacheBuildFailed, stacklevel=_outside_autotune())
+        return None
 
     def fill(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
         if get_backend(backend).in_memory:

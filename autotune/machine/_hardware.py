@@ -22,6 +22,7 @@ from typing import Any
 from autotune._units import format_bytes as _format_bytes
 from autotune.machine._cpus import ranks_per_node as ranks
 from autotune.machine._cpus import usable_cpus
+from autotune.machine._memory_limit import job_memory
 
 __all__ = [
     "collect",
@@ -102,8 +103,6 @@ def collect_memory_bytes() -> int | None:
 def collect_memory_limit() -> int | None:
     """The job's memory limit in bytes (the tightest cgroup limit or rlimit below the host's RAM,
     ``machine._memory_limit``); None when only the host's RAM bounds it."""
-    from autotune.machine._memory_limit import job_memory
-
     try:
         return job_memory().limit
     except Exception:  # psutil absent or an unsupported platform: no limit known

@@ -8,6 +8,8 @@ from typing import Any
 
 import psutil
 
+from autotune.machine._memory_limit import job_memory
+
 BUDGET_SHARE = 0.7  # of what is available: the rest is the training's own growth and the kernel's
 
 
@@ -52,8 +54,6 @@ def tree_rss(pid: int) -> int:
 def available_bytes() -> int:
     """What this job may still take now: the host's available memory, or less under a cgroup or rlimit
     (``machine._memory_limit``)."""
-    from autotune.machine._memory_limit import job_memory
-
     return job_memory().available
 
 

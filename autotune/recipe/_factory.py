@@ -30,6 +30,7 @@ from autotune.machine import ranks_per_node
 from autotune.process import apply_at_runtime
 from autotune.recipe._file import Profile
 from autotune.recipe._measured import Measured
+from autotune.recipe._memory_fit import fit_memory
 
 log = logging.getLogger("autotune")
 
@@ -111,8 +112,6 @@ def _fit_memory(config: LoaderConfig, profile: Profile, dataset: Any, res: Resol
                 batch_size: int) -> LoaderConfig:
     """``config`` fitted to the memory this job may take now (``recipe._memory_fit``); a change is said in
     one line naming the limit."""
-    from autotune.recipe._memory_fit import fit_memory
-
     if not config.num_workers and (stream or not config.cache_in_memory):
         return config  # nothing the recipe adds that a smaller choice would save
     fit = fit_memory(config, profile.measured, dataset, batch_size=batch_size, ranks=ranks_per_node(),
@@ -193,11 +192,11 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
         if config.num_workers and (config.worker_threads or config.allocator != "glibc"):
             res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
     else:
-        config = config.replace(allocator="glibc", main_threads=None, worker_threads=None)
+        config = config.refit(allocator="glibc", main_threads=None, worker_threads=None)
     config = _fit_memory(config, profile, dataset, res, stream, overrides.get("batch_size") or 1)
     if config.cache_fill == "first_epoch" and not config.cache_in_memory and world_size() > 1:
         # each rank's first epoch reads its shard only: the node's one cache would never be whole
-        config = config.replace(cache_fill="build")
+        config = config.refit(cache_fill="build")
         res.not_applied.append(f"cache_fill='first_epoch' with the {config.cache} cache in a job of several ranks: "
                                "the node's cache is built first")
     site = FactorySite(cache_dir, progress=progress)
@@ -209,7 +208,7 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
             "(it would freeze one draw for every epoch): move the random part into transform=..., which "
             "runs after the cache every epoch, to cache the deterministic part.",
             stacklevel=_caller_stacklevel())
-        config = config.replace(cache=None)
+        config = config.refit(cache=None)
         res.settings["cache"], res.sources["cache"] = None, "not used: random samples"
         res.settings["cache_share"], res.sources["cache_share"] = None, res.sources["cache"]
     res.settings["cache_fill"] = config.cache_fill if config.cache else None

@@ -275,6 +275,15 @@ class RecipeFile:
         except (OSError, UnicodeDecodeError) as exc:
             raise RecipeError(f"Cannot read recipe file {path}: {exc}; check its permissions.") from exc
         try:
+            return cls._parse(text, path)
+        except RecursionError:
+            # json and every walk of the parsed values recurse: a file nested deeper than Python's stack allows
+            # is refused whole, wherever the walk gives out
+            raise _corrupt(path, "nested too deeply to be a recipe") from None
+
+    @classmethod
+    def _parse(cls, text: str, path: Path) -> RecipeFile:
+        try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise _corrupt(path, f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc

@@ -9,7 +9,7 @@ object, never a key with a default of its own. Older recipes that lack a figure 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from autotune.config import LoaderConfig
@@ -241,8 +241,6 @@ class Measured:
         return theirs / mine if mine and theirs else None
 
     def with_validation(self, validation: dict[str, Any] | ValidationRecord) -> Measured:
-        from dataclasses import replace
-
         if not isinstance(validation, ValidationRecord):
             validation = ValidationRecord.from_json(validation)
         return replace(self, validation=validation)

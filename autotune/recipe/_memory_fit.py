@@ -85,18 +85,18 @@ def fit_memory(config: LoaderConfig, measured: Any, dataset: Any, *, batch_size:
         assert sample_bytes is not None
         count = _largest_count(backend, sample_bytes, budget - other, partial_count(config.cache_share, length))
         if count >= max(1, batch_size) and count / max(1, length) >= 0.01:
-            fitted = config.replace(cache_share=count / length)
+            fitted = config.refit(cache_share=count / length)
             changes.append(f"caching the first {count} of {length} samples in memory "
                            f"({format_bytes(_cache_need(backend, sample_bytes, count))})")
             cache = _cache_need(backend, sample_bytes, count)
         else:
-            fitted = config.replace(cache=None)
+            fitted = config.refit(cache=None)
             changes.append("no memory cache")
             cache = 0
     if other + cache > budget and fitted.num_workers and not keep_workers:
         per_worker = other / fitted.num_workers
         workers = max(0, min(fitted.num_workers - 1, int((budget - cache) // max(1.0, per_worker))))
-        fitted = fitted.replace(num_workers=workers)
+        fitted = fitted.refit(num_workers=workers)
         changes.append(f"{workers} workers instead of {config.num_workers}")
     what = f"the recipe adds ~{format_bytes(added)} to the process"
     return Fit(fitted, f"{what}, but {where}: {', '.join(changes) or 'nothing smaller to use'}", budget, added)

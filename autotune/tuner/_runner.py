@@ -26,6 +26,7 @@ import psutil
 from autotune._units import format_bytes
 from autotune.caches import remove_trial_folder, trial_folder
 from autotune.config import LoaderConfig
+from autotune.loader import READING
 from autotune.machine import tree_pss, tree_rss
 from autotune.process import PRELOAD_ALLOCATORS, launch_env
 from autotune.tuner._lifecycle import watch_parent
@@ -88,6 +89,39 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(143)  # unwinds through the DataLoader iterator, which then stops its workers cleanly
 
 
+_READING_LINE = re.compile(r"^autotune-reading: dataset\[(\d+)\] for ([\d.]+) s$", re.M)
+
+
+def _say_reading(signum: int, frame: Any) -> None:
+    """SIGUSR1 in a trial or its forked worker: write the index being read, if any, to the trial's log."""
+    now = READING[0]
+    if now is not None:
+        os.write(2, f"autotune-reading: dataset[{now[0]}] for {time.monotonic() - now[1]:.1f} s\n".encode())
+
+
+def what_hangs(pids: list[int], logs: list[str | None], wait: float = 0.5) -> str:
+    """Ask every process of the trials' trees which index it is reading (SIGUSR1) and name the one read
+    longest, from their logs; "" when none says (a read inside a cache, a spawned worker)."""
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                if not _is_tracker(proc):
+                    with contextlib.suppress(psutil.Error, OSError):
+                        proc.send_signal(signal.SIGUSR1)
+    time.sleep(wait)
+    found: list[tuple[float, int]] = []
+    for log in logs:
+        if log:
+            with contextlib.suppress(OSError):
+                with open(log, errors="replace") as f:
+                    found += [(float(s), int(i)) for i, s in _READING_LINE.findall(f.read()[-65536:])]
+    seconds, index = max(found, default=(0.0, -1))
+    if seconds < 1.0:
+        return ""  # a read that just began: a slow candidate, not a hang
+    return f"dataset[{index}] had not returned after {seconds:.0f} s (a read that hangs?)"
+
+
 def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict[str, Any], plan: Plan,
                 fork_fallback: bool, log_path: str | None = None, together: bool = False) -> None:
     if log_path:
@@ -100,6 +134,7 @@ def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict
     global _TRIAL_PID
     _TRIAL_PID = os.getpid()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGUSR1, _say_reading)  # forked workers inherit it
     _release_forkserver()
     watch_parent(os.getppid())  # the search died without stopping us (SIGKILL): take the workers along
     _own_resource_tracker()
@@ -417,7 +452,10 @@ class Runner:
                 raise TrialPruned(f"pruned: still running after {now - started:.1f} s, more than the best "
                                   "candidate needs for its whole run on this subset")
             if now > deadline:
-                raise TrialFailed(f"timed out after {timeout:.0f} s (a hung worker or a very slow candidate)")
+                logged = [r for r in ranks if r.log and r.proc.pid]  # without a log the answer would reach the terminal
+                hung = what_hangs([r.proc.pid for r in logged if r.proc.pid], [r.log for r in logged])
+                raise TrialFailed(f"timed out after {timeout:.0f} s: " + (hung or "a hung worker or a very slow "
+                                                                          "candidate"))
             if self.memory_limit and now >= next_memory_check:
                 next_memory_check = now + 1.0
                 # RSS is cheap but counts pages shared with forked workers once per worker; only

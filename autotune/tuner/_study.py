@@ -40,6 +40,7 @@ from autotune.tuner._space import Space
 SEARCH_SHARE = 0.7  # of the budget; the rest re-measures the finalists interleaved
 MIN_ROUNDS = 2  # interleaved re-measurements of the finalists before their interval can be narrow enough
 MAX_ROUNDS = 8
+STOP_S = 4.0  # stopping a trial that overran: asking what it reads, SIGTERM and its grace (tuner/_runner.py)
 
 
 @dataclass
@@ -249,9 +250,10 @@ class Search:
             )
 
     def trial_timeout(self) -> float:
-        """A trial's limit: the plan's, capped by the budget left (the first trial's by the wall)."""
+        """A trial's limit: the plan's, capped by the budget left (the first trial's by the wall), less what
+        stopping a trial that overruns takes."""
         until = self.clock.budget_end if self.asked > 1 else self.clock.wall
-        return min(self.plan.batch_timeout, self.clock.left(until))
+        return max(0.0, min(self.plan.batch_timeout, self.clock.left(until) - STOP_S))
 
     def run_trial(self, trial: optuna.Trial) -> None:
         """Suggest, measure and tell one trial. Every write to the trial is guarded: another search may have
@@ -340,11 +342,11 @@ class Search:
             for config in order:
                 if config in failed_finalists:
                     continue
-                if self.clock.left() < min(cost.get(config.key(), typical), plan.batch_timeout):
+                left = self.clock.left() - STOP_S
+                if left < min(cost.get(config.key(), typical), plan.batch_timeout):
                     continue  # it would not end before the wall: its figures so far (or the loop's) stand
                 try:
-                    figures[config].append(self.runner.run(config, plan,
-                                                           timeout=min(plan.batch_timeout, self.clock.left())))
+                    figures[config].append(self.runner.run(config, plan, timeout=min(plan.batch_timeout, left)))
                     ran = True
                 except TrialFailed as exc:  # a finalist that fails now (timeout, memory) is out, not fatal
                     failed_finalists[config] = str(exc)
@@ -390,7 +392,10 @@ class Search:
             if note:
                 learned[config] = note
         if default not in medians:
-            reason = failed_finalists.get(default) or (
+            loop_failure = next((str(t.user_attrs.get("reason", "")) for t in study.get_trials(
+                deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+                if t.user_attrs.get("config_key") == default.key() and t.user_attrs.get("reason")), None)
+            reason = failed_finalists.get(default) or loop_failure or (
                 f"the budget ran out before it was measured ({format_seconds(self.clock.elapsed())} spent, "
                 f"{self.clock.promise()})")
             raise AutotuneError(

@@ -14,7 +14,7 @@ from autotune.config import LoaderConfig
 from autotune.loader import DeviceConsumer
 from autotune.machine import _hardware as hardware
 from autotune.recipe._file import Profile
-from autotune.tuner._study import SearchOptions
+from autotune.tuner._options import SearchOptions
 from harness import SEED
 from harness.child import Setup
 

@@ -17,7 +17,7 @@
 7. a memory-cache build of the subset against a bare decode pass of it on the same workers, files
    evicted (``autotune.diagnose._build``): what a cache build costs over decoding.
 
-The figures become ``autotune.diagnose._verdict.Measurements`` and the verdict is ``autotune.diagnose._verdict.judge``.
+The figures become ``autotune.diagnose._verdict.Breakdown`` and the verdict is ``autotune.diagnose._verdict.judge``.
 A run is a few seconds to a minute: the subset is small and each measurement short.
 """
 
@@ -40,12 +40,13 @@ from autotune._units import format_bytes, format_fine
 from autotune.caches._codec import sample_nbytes
 from autotune.dataset import UserSpec, read_sample
 from autotune.dataset._probe import probe_indices
-from autotune.diagnose._verdict import Measurements, Verdict, judge
+from autotune.diagnose._build import build_against_decode
+from autotune.diagnose._verdict import Breakdown, Verdict, judge
 from autotune.errors import DatasetError
-from autotune.loader import move_to
-from autotune.machine import usable_cpus
+from autotune.loader import DeviceConsumer, move_to
+from autotune.machine import evict, fits_page_cache, record_files, usable_cpus
 
-__all__ = ["diagnose", "measure", "measure_device", "read_files", "transfer_seconds", "default_samples"]
+__all__ = ["break_down", "diagnose", "measure_device", "read_files", "transfer_seconds", "default_samples"]
 
 READ_CAP = 1 << 30  # read at most this many bytes of the recorded files; extrapolate beyond
 CHUNK = 1 << 20
@@ -218,21 +219,15 @@ def _evict(paths: set[str]) -> tuple[bool, str]:
     """Evict ``paths`` from the page cache; whether it worked, and a note when not."""
     if not paths:
         return True, ""
-    from autotune.machine import evict
-
     report = evict(paths)
     return report.effective, report.note
 
 
 def _record(fn: Callable[[], Any]) -> tuple[Any, set[str]]:
-    from autotune.machine import record_files
-
     return record_files(fn)
 
 
 def _fits(total_bytes: float) -> bool:
-    from autotune.machine import fits_page_cache
-
     return fits_page_cache(int(total_bytes))
 
 
@@ -266,8 +261,6 @@ def _consumer(spec: UserSpec) -> tuple[Callable[[Any], Any] | None, str]:
     if spec.train_step is not None:
         return spec.train_step, "train_step"
     if torch.cuda.is_available():
-        from autotune.loader import DeviceConsumer
-
         return DeviceConsumer(pin_memory=False), "device copy"
     return None, "none"
 
@@ -296,8 +289,8 @@ def consumer_seconds(consume: Callable[[Any], Any], batches: list[Any], *, budge
 # ------------------------------------------------------------------------------------------ measure
 
 
-def measure(spec: UserSpec, *, samples: int | None = None, seed: int = 0,
-            progress: Progress | None = None) -> Measurements:
+def break_down(spec: UserSpec, *, samples: int | None = None, seed: int = 0,
+            progress: Progress | None = None) -> Breakdown:
     """Measure ``spec`` on a seeded subset; see the module docstring for the steps."""
     say = progress or (lambda _text: None)
     dataset = spec.dataset
@@ -385,15 +378,13 @@ def measure(spec: UserSpec, *, samples: int | None = None, seed: int = 0,
     say("a cache build against a bare decode of the same samples")
     cost = None
     try:
-        from autotune.diagnose._build import build_against_decode
-
         cost = build_against_decode(dataset, indices, files)
     except Exception as exc:  # noqa: BLE001 - a sample the cache cannot hold: the rest still stands
         notes.append(f"the cache build was not measured: {type(exc).__name__}: {exc}")
 
     if not evicted and paths:
         notes.append("the files could not be evicted: cold figures are warm")
-    return Measurements(
+    return Breakdown(
         build=cost.build_seconds if cost else None,
         bare_decode=cost.bare_decode_seconds if cost else None,
         build_fixed=cost.fixed_seconds if cost else None,
@@ -434,9 +425,9 @@ def _mean(values: list[float]) -> float:
 
 
 def diagnose(spec: UserSpec, *, samples: int | None = None, seed: int = 0,
-             progress: Progress | None = None) -> tuple[Measurements, Verdict]:
+             progress: Progress | None = None) -> tuple[Breakdown, Verdict]:
     """Measure ``spec`` and judge it."""
-    m = measure(spec, samples=samples, seed=seed, progress=progress)
+    m = break_down(spec, samples=samples, seed=seed, progress=progress)
     return m, judge(m)
 
 
@@ -446,7 +437,7 @@ SCHEMA = "autotune-diagnose"
 SCHEMA_VERSION = 1
 
 
-def to_json(m: Measurements, v: Verdict) -> dict[str, Any]:
+def to_json(m: Breakdown, v: Verdict) -> dict[str, Any]:
     """The ``--json`` document (schema in ``autotune/cli/_diagnose.py``)."""
     return {"schema": SCHEMA, "version": SCHEMA_VERSION, "measurements": _clean(m.to_dict()),
             "verdict": v.to_dict()}
@@ -467,7 +458,7 @@ def _r(rate: float | None) -> str:
     return "unbounded" if rate is None else f"{rate:,.0f} samples/s"
 
 
-def format_table(m: Measurements, v: Verdict) -> str:
+def format_table(m: Breakdown, v: Verdict) -> str:
     """One table of the measurements and ceilings, then the verdict in plain words."""
     b = m.batch_size
     rows: list[tuple[str, str, str, str]] = []
