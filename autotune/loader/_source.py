@@ -38,7 +38,7 @@ from autotune.caches import (
 )
 from autotune.config import LoaderConfig, partial_count
 from autotune.dataset import check_deterministic
-from autotune.errors import DatasetError
+from autotune.errors import AutotuneError
 from autotune.loader._dataloader import Transformed, with_transform
 from autotune.machine import build_workers
 
@@ -233,8 +233,8 @@ class FactorySite:
             try:
                 return open_or_build(backend, dataset, root=self.root, manifest=key, progress=self.progress,
                                      workers=self.workers)
-            except DatasetError:
-                raise  # the dataset's own failure: reading the source would fail the same way
+            except AutotuneError:  # the dataset's own failure (DatasetError), or a refusal: an untrusted or
+                raise  # foreign folder is said, never read past (README "Cache identity and trust")
             except Exception as exc:  # noqa: BLE001 - a backend's write error comes in its library's types
                 problem = _first_line(exc)
         if ignored and "No space left" not in problem:
