@@ -328,9 +328,9 @@ class Search:
         study, plan = self.study, self.plan
         default = self.setup.space.default()
         finalists = _best_distinct(study, self.opts.finalists)
-        configs = [LoaderConfig.from_json(t.user_attrs["config"]) for t in finalists]
-        if default not in configs:
-            configs.append(default)
+        # the default first: it anchors every comparison, so the first round measures it whatever is left
+        configs = [default] + [c for c in (LoaderConfig.from_json(t.user_attrs["config"]) for t in finalists)
+                               if c != default]
         figures: dict[LoaderConfig, list[Measurement]] = {c: [] for c in configs}
         failed_finalists: dict[LoaderConfig, str] = {}
         cost = {t.user_attrs.get("config_key"): t.duration.total_seconds()
