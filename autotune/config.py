@@ -45,11 +45,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import RecipeError
-from autotune.process import ProcessSettings
+from autotune.process import ALLOCATORS, ProcessSettings  # the allocators' one list
 
 DEFAULT_PREFETCH = 2  # DataLoader's own default with workers
 CONTEXTS = ("fork", "forkserver", "spawn")
-ALLOCATORS = ("glibc", "glibc-tuned", "tcmalloc", "jemalloc")
 CACHE_FILLS = ("build", "first_epoch")
 WORKER_ONLY = ("prefetch_factor", "persistent_workers", "multiprocessing_context", "worker_threads")
 MAX_WORKERS = 1024

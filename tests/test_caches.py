@@ -250,6 +250,7 @@ def test_corrupt_cache_is_detected_and_rebuilt(backend, damage, tmp_path):
     ds = Tensors()
     cache = build(backend, ds, tmp_path)
     path, expected = cache.path, cache.manifest["expected"]
+    del cache  # nothing reads it any more: the rebuild may replace it (a leased one it builds beside)
     data = path / DATA_FILE[backend]
     if damage == "manifest":
         text = (path / "manifest.json").read_text()
@@ -371,6 +372,7 @@ def test_a_backend_registered_by_a_plugin_is_listed_estimated_offered_and_cleare
     decision takes it in, and it leaves with ``unregister``."""
     from backend_plugin import ShelfCache
 
+    from autotune.caches._own import make_own
     from autotune.config import LoaderConfig
     from autotune.tuner._options import parse_caches
 
@@ -379,11 +381,11 @@ def test_a_backend_registered_by_a_plugin_is_listed_estimated_offered_and_cleare
     assert parse_caches("shelf,none") == ("shelf", "none")
     assert LoaderConfig(cache="shelf").describe_cache(ranks=2) == "shelf cache, shared by the node's 2 ranks"
     shelf = build("shelf", Tensors(), tmp_path)
-    litter = tmp_path / f".{shelf.path.name}.tmp-999999-abcd1234"  # a dead builder's folder, by its name
-    litter.mkdir()
+    litter = make_own(tmp_path / f".{shelf.path.name}.tmp-999999-abcd1234", "build")  # a dead builder's
     (litter / "records").mkdir()
     entries = {Path(e["path"]).name: (e["kind"], e["backend"], e["status"]) for e in caches.list_caches(tmp_path)}
     assert entries == {shelf.path.name: ("cache", "shelf", "valid"), litter.name: ("temp", "shelf", "partial")}
+    del shelf  # read no more: its lease goes with it
     assert cli.main(["cache", "clear", "--dir", str(tmp_path), "--backend", "shelf"]) == 0
     assert "Removed 2 caches " in capsys.readouterr().out
     assert leftovers(tmp_path) == []

@@ -24,6 +24,7 @@ from autotune import caches, cli
 from autotune.caches import CacheRebuildWarning, UntrustedCache, open_or_build
 from autotune.caches._codec import samples_equal
 from autotune.caches._draws import RandomSamples
+from autotune.caches._own import make_own
 from autotune.config import LoaderConfig
 from autotune.machine import _hardware as hardware
 from autotune.recipe._factory import cache_location
@@ -403,7 +404,7 @@ def test_cache_clear_removes_trial_leftovers_but_not_a_running_trial(tmp_path, c
     os.chmod(trials, 0o777)
     dead, alive = trials / "trial-aaaaaaaa", trials / "trial-bbbbbbbb"
     for folder in (dead, alive):
-        folder.mkdir(mode=0o700)
+        make_own(folder, "trial")  # as caches._trials.trial_folder marks it
         _hold_trial_folder(str(folder))
         caches.PickleCache.build(table(4), range(4), folder / "pickle", manifest={"trial": True}, progress=False)
     assert (trials.stat().st_mode & 0o022) == 0, "autotune tightened its own trials folder"

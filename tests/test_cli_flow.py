@@ -34,7 +34,9 @@ def test_search_show_check(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "Best DataLoader settings" in out
-    assert "x the default's time" in out
+    # a tuned recipe compares its epoch with the default's; a default recipe says it is the default's
+    assert "x the default's time" in out or "the default's (num_workers=0)" in out
+    assert "1.00x" not in out
     assert "Recipe written to autotune.json" in out
     data = json.loads((tmp_path / "autotune.json").read_text())
     (profile,) = data["profiles"].values()

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autotune.caches._own import make_own
 from autotune.caches._trials import leftover_trials, remove_leftovers, trial_folder
 from autotune.cli._main import main
 
@@ -170,16 +171,15 @@ def _list_and_clear_the_one_leftover(tmp_path, trials, capsys):
 
 def test_leftovers_are_only_dead_searches_folders(tmp_path):
     mine = Path(trial_folder(tmp_path))  # this process is alive: not a leftover
-    old = tmp_path / "trial-abc123"  # an older autotune's unnamed folder
-    old.mkdir()
+    old = make_own(tmp_path / "trial-abc123", "trial")  # an unnamed folder autotune marked
+    unmarked = tmp_path / "trial-def456"  # the same name without autotune's marker: the user's
+    unmarked.mkdir()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    gone = tmp_path / mine.name.replace(f"-{os.getpid()}-", f"-{int(dead.stdout)}-")
-    gone.mkdir()
-    other_host = tmp_path / "trial-elsewhere-1-abcdefgh"
-    other_host.mkdir()
+    gone = make_own(tmp_path / mine.name.replace(f"-{os.getpid()}-", f"-{int(dead.stdout)}-"), "trial")
+    other_host = make_own(tmp_path / "trial-elsewhere-1-abcdefgh", "trial")
     assert leftover_trials(tmp_path) == sorted([old, gone])
     assert remove_leftovers(tmp_path) == sorted([old, gone])
-    assert sorted(tmp_path.iterdir()) == sorted([mine, other_host])
+    assert sorted(tmp_path.iterdir()) == sorted([mine, other_host, unmarked])
 
 
 KILLED_WORKERS = """

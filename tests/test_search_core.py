@@ -50,7 +50,7 @@ class FakeRunner:
     def run(self, config, plan, *, timeout, should_prune=None, give_up_after=None, log_path=None):
         self.calls.append(config)
         runs = self.calls.count(config)
-        if runs == 2 and self.best_fails_again and not (self.fail - {DEFAULT}):
+        if runs == 2 and self.best_fails_again and not (self.fail - {DEFAULT}) and config != DEFAULT:
             self.fail.add(config)  # the first configuration measured again is the best finalist
         if runs == 2 and config in self.fails_again:
             self.fail.add(config)
@@ -287,7 +287,7 @@ def test_a_clear_speedup_wins_with_its_interval():
                             Spread.pooled(runs))
     r = ratios[WORKERS]
     assert winner == WORKERS and r.faster and r.low < 10.0 / 3.0 < r.high
-    assert r.low > 2.9 and r.high < 3.9
+    assert r.low > 2.8 and r.high < 3.9
 
 
 def test_tied_candidates_go_to_the_smaller_change():
@@ -299,7 +299,7 @@ def test_tied_candidates_go_to_the_smaller_change():
 
 def test_one_run_each_uses_the_prior_spread():
     spread = Spread.pooled({DEFAULT: [1.0], WORKERS: [0.9]})
-    assert spread.df == 0 and spread.sigma == 0.10
+    assert spread.df == 4 and spread.sigma == pytest.approx(0.10)  # the prior alone
     assert ratio(1.0, 1, 0.9, 1, spread).tied  # 1.11x from one run each is inside a small VM's noise
     assert ratio(1.0, 1, 0.3, 1, spread).faster
 
@@ -349,3 +349,14 @@ def test_the_recipe_shows_the_interval_and_never_one_point_zero_x():
     assert tie.speedup_text() == "no measurable difference (the best candidate: 1.04x (0.93\u20131.16x))"
     old = Measured(chosen=RunFigures(total_seconds=10.0), default=RunFigures(total_seconds=10.0))
     assert old.speedup_text() == "no measurable difference"  # a recipe of an older version: no "1.00x"
+
+
+def test_one_lucky_pair_of_runs_does_not_decide_the_interval():
+    """The 20 s jpeg_folder search here: the default's one run against a 4.4x candidate's, the only repeat a
+    pair 8.6 / 9.9 s. With that pair's one degree of freedom alone (t = 12.7) the interval was 0.8-25x and
+    the default kept; moderated by the prior it is clearly faster."""
+    runs = {DEFAULT: [11.82], WORKERS_CACHED: [2.66], WORKERS: [8.60, 9.86]}
+    spread = Spread.pooled(runs)
+    winner, ratios = choose({c: sorted(v)[len(v) // 2] if len(v) % 2 else sum(v) / 2 for c, v in runs.items()},
+                            {c: len(v) for c, v in runs.items()}, DEFAULT, spread)
+    assert winner == WORKERS_CACHED and ratios[WORKERS_CACHED].low > 3.0

@@ -29,7 +29,7 @@ from autotune.caches._registry import (
     open_or_build,
     open_or_fill,
 )
-from autotune.caches._trials import TRIAL_LOCK, remove_leftovers, trial_folder
+from autotune.caches._trials import TRIAL_LOCK, remove_leftovers, remove_trial_folder, trial_folder
 from autotune.caches._trust import UntrustedCache, default_root, ensure_root
 
 __all__ = [
@@ -72,6 +72,7 @@ __all__ = [
     "open_or_fill",
     "register",
     "remove_leftovers",
+    "remove_trial_folder",
     "trial_folder",
     "unregister",
 ]

@@ -5,13 +5,13 @@ from __future__ import annotations
 import abc
 import datetime as _dt
 import errno
+import glob
 import hashlib
 import itertools
 import json
 import os
 import pickle
 import secrets
-import shutil
 import socket
 import stat
 from collections.abc import Generator, Iterator, Sequence
@@ -24,6 +24,8 @@ import torch
 from autotune.caches import _provenance
 from autotune.caches._codec import Schema, infer_schema, sample_digest
 from autotune.caches._draws import RandomSamples, WatchedReads, message
+from autotune.caches._lease import LEASE, Lease, exclusive
+from autotune.caches._own import MARKER, is_marked, make_own, mark, remove_own
 from autotune.caches._provenance import Sources
 from autotune.caches._trust import UntrustedCache, check_trusted, sign, signature_problem
 from autotune.errors import AutotuneError
@@ -272,6 +274,7 @@ class DiskCache(Cache):
 
     def __init__(self, path: Path | None, stored: dict[str, Any]):
         super().__init__(path, stored)
+        self.lease: Lease | None = None  # the shared lease ``open`` takes on the folder (``_lease``)
         self._handle: Any = None
         self._pid: int | None = None
 
@@ -339,9 +342,7 @@ class DiskCache(Cache):
         if not indices:
             raise ValueError("A cache needs at least one sample, but got 0 indices.")
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / temp_name(path.name, "tmp")
-        tmp.mkdir(mode=0o700)
-        os.chmod(tmp, 0o700)  # whatever the umask: only its owner may write a cache (see _trust)
+        tmp = make_own(path.parent / temp_name(path.name, "tmp"), "build")  # 0o700: see _trust
         sources = sources_for(manifest, path.parent)
         samples = read_source(dataset, indices, workers=workers, progress=progress,
                               desc=f"Building {cls.name} cache", sources=sources)
@@ -356,7 +357,7 @@ class DiskCache(Cache):
         except BaseException:
             checked.close()
             samples.close()
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_own(tmp)
             raise
         cache = cls.open(path, manifest=manifest)
         cache.origin = "built" if placed else "reused"
@@ -369,7 +370,7 @@ class DiskCache(Cache):
         files = {}
         for f in sorted(tmp.rglob("*")):
             os.chmod(f, 0o700 if f.is_dir() else 0o600)
-            if f.is_file():
+            if f.is_file() and f.name not in (MARKER, LEASE):  # the mark stays; neither is a cache file
                 _fsync_path(f)
                 files[str(f.relative_to(tmp))] = f.stat().st_size
         stored["files"] = files
@@ -459,6 +460,7 @@ class DiskCache(Cache):
             raise CorruptCache(f"Cache at {path} is corrupt ({type(exc).__name__}: {exc}).") from None
         finally:
             cache.close()  # never hold a handle in the parent: workers open their own
+        cache.lease = Lease(path)  # for the cache's life; FileNotFoundError if it was set aside meanwhile
         return cache
 
     def _check(self, k: int) -> None:
@@ -501,7 +503,7 @@ def _place_dir(tmp: Path, path: Path) -> bool:
     except OSError as exc:
         if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
             raise
-        shutil.rmtree(tmp, ignore_errors=True)  # another builder finished first: theirs stays
+        remove_own(tmp)  # another builder finished first: theirs stays
         return False
     _fsync_path(path.parent)
     return True
@@ -517,8 +519,7 @@ def temp_name(cache_name: str, kind: str) -> str:
     return f".{cache_name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def try_open(cls: type[Cache], path: Path, expected: dict[str, Any]) -> tuple[Cache | None, str]:
-    """The valid cache at ``path``, or None and why not ("" when there is none)."""
+def _open_one(cls: type[Cache], path: Path, expected: dict[str, Any]) -> tuple[Cache | None, str]:
     if not os.path.lexists(path):
         return None, ""
     try:
@@ -529,12 +530,48 @@ def try_open(cls: type[Cache], path: Path, expected: dict[str, Any]) -> tuple[Ca
         return None, str(exc)
 
 
-def set_aside(path: Path) -> None:
-    """Remove the invalid cache at ``path``: renamed to a temp name first, so nothing half-deleted
-    ever sits under a cache's name."""
-    old = path.parent / temp_name(path.name, "old")
-    os.rename(path, old)
-    shutil.rmtree(old, ignore_errors=True)
+def try_open(cls: type[Cache], path: Path, expected: dict[str, Any]) -> tuple[Cache | None, str]:
+    """The valid cache at ``path`` or beside it (``place_for``), or None and why the one at ``path`` is
+    not ("" when there is none). Found beside it, the invalid one at ``path`` is removed once free."""
+    cache, why = _open_one(cls, path, expected)
+    if cache is not None:
+        return cache, ""
+    for other in sorted(path.parent.glob(glob.escape(path.name) + "~*")):
+        found, _ = _open_one(cls, other, expected)
+        if found is not None:
+            if why:
+                set_aside(path)  # kept while a loader still reads it
+            return found, ""
+    return None, why
+
+
+def place_for(path: Path) -> Path:
+    """Where a new cache of ``path``'s name is built: ``path`` itself, once whatever invalid cache is
+    there is set aside, or beside it (``<name>~<hex>``, which ``try_open`` finds) while a loader still
+    holds its lease: a rebuild never replaces a cache in use."""
+    if set_aside(path):
+        return path
+    return path.parent / f"{path.name}~{secrets.token_hex(3)}"
+
+
+def set_aside(path: Path) -> bool:
+    """Remove the cache at ``path`` unless a loader holds its lease (``_lease``): renamed to a temp name
+    first, under the lease taken exclusively, so nothing half-deleted ever sits under a cache's name
+    and no reader locks it meanwhile. Whether it was removed (or was gone already)."""
+    if not os.path.lexists(path):
+        return True
+    held = exclusive(path)
+    if held is None:
+        return False
+    try:
+        if not is_marked(path):  # a cache an older autotune built: its manifest was its only mark
+            mark(path, "set aside")
+        old = path.parent / temp_name(path.name, "old")
+        os.rename(path, old)
+    finally:
+        os.close(held)
+    remove_own(old)
+    return True
 
 
 __all__ = ["Cache", "CorruptCache", "DiskCache", "StaleCache", "FORMAT_VERSION", "MANIFEST_NAME"]

@@ -34,7 +34,6 @@ import atexit
 import json
 import logging
 import os
-import shutil
 import threading
 import zlib
 from collections.abc import Sequence
@@ -45,11 +44,12 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from autotune.caches import _provenance
-from autotune.caches._base import DiskCache, set_aside, sources_for, stored_manifest, temp_name, try_open
+from autotune.caches._base import DiskCache, place_for, sources_for, stored_manifest, temp_name, try_open
 from autotune.caches._codec import infer_schema, pack, sample_digest, unpack
 from autotune.caches._draws import WatchedReads, message
 from autotune.caches._family import backend as get_backend
 from autotune.caches._lock import BuildLock, lock_path
+from autotune.caches._own import make_own, remove_own
 from autotune.caches._provenance import Sources
 
 log = logging.getLogger("autotune")
@@ -137,8 +137,7 @@ class DiskFill(Dataset[Any]):
             raise ValueError("A cache needs at least one sample, but got 0 indices.")
         self.path, self.expected = Path(path), expected
         self.staging = self.path.parent / temp_name(self.path.name, "fill")
-        self.staging.mkdir(mode=0o700)
-        os.chmod(self.staging, 0o700)  # whatever the umask (see _trust)
+        make_own(self.staging, "fill")  # 0o700 whatever the umask (see _trust)
         self._alive = BuildLock(self.staging / LOCK)
         self._alive.acquire()
         with open(self.staging / INDEX, "wb") as fh:
@@ -300,17 +299,15 @@ class DiskFill(Dataset[Any]):
             if cache is not None:
                 self.result = "already there (another process wrote it)"
                 return False
-            if why:
-                set_aside(self.path)
-            tmp = root / temp_name(self.path.name, "tmp")
-            tmp.mkdir(mode=0o700)
+            target = place_for(self.path) if why else self.path
+            tmp = make_own(root / temp_name(self.path.name, "tmp"), "commit")
             try:
                 stored = stored_manifest(self.name, self.expected, self.indices, self.schema)
                 stored["meta"] = cls.write_records(tmp, self.schema, records)
                 stored["sources"] = _provenance.write(tmp, sources.kept())
-                placed = cls.seal(tmp, self.path, stored)
+                placed = cls.seal(tmp, target, stored)
             except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
+                remove_own(tmp)
                 raise
         finally:
             lock.release()
@@ -335,7 +332,7 @@ class DiskFill(Dataset[Any]):
             self._local.close()
             self._local = None
         _active.pop(str(self.path), None)
-        shutil.rmtree(self.staging, ignore_errors=True)
+        remove_own(self.staging)
         self._alive.release()
 
 

@@ -25,6 +25,7 @@ from autotune.caches._base import (
     as_json,
     indices_digest,
     is_manifest,
+    place_for,
     set_aside,
     try_open,
 )
@@ -35,6 +36,7 @@ from autotune.caches._family import backend as get_backend
 from autotune.caches._family import folder_pattern, names
 from autotune.caches._key import describe_change, kinship
 from autotune.caches._lock import BuildLock, is_free, lock_path
+from autotune.caches._own import MARKER, is_marked, is_own, remove_own
 from autotune.caches._trials import TRIAL_LOCK, is_leftover
 from autotune.caches._trust import (
     KEY_NAME,
@@ -116,10 +118,10 @@ def _remove_dead_builds(root: Path, name: str) -> None:
     died; call only holding its build lock (a live fill holds no build lock, but its own: ``_busy``)."""
     for leftover in root.glob(f".{name}.*-*"):
         m = _temp_match(leftover.name)
-        if not (m and m.group(1) == name and leftover.is_dir() and not leftover.is_symlink()):
+        if not (m and m.group(1) == name and is_own(leftover)):
             continue
         if m.group(2) != "fill" or not _busy(leftover, m):  # the build lock is ours: a tmp's builder died
-            shutil.rmtree(leftover, ignore_errors=True)
+            remove_own(leftover)
 
 
 def _busy(path: Path, m: re.Match[str]) -> bool:
@@ -217,10 +219,9 @@ def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, ma
             return cache
         _remove_dead_builds(root, path.name)
         _warn_anew(why, path, name, expected, "building")
-        if why:
-            set_aside(path)
+        target = place_for(path) if why else path
         _check_room(name, dataset, indices, root)
-        return cls.build(dataset, indices, path, manifest=expected, progress=progress, workers=workers)
+        return cls.build(dataset, indices, target, manifest=expected, progress=progress, workers=workers)
     finally:
         lock.release()
 
@@ -265,7 +266,7 @@ def _dir_bytes(path: Path) -> int:
 def _trial_bookkeeping(path: Path) -> bool:
     """A trial folder's own small files: the trial's lock and, where its ranks share a disk cache built
     through ``open_or_build``, the folder's tag and the cache's build lock."""
-    if path.name in (TRIAL_LOCK, TAG_NAME, KEY_NAME) or path.name.startswith((TAG_TMP_PREFIX, KEY_TMP_PREFIX)):
+    if path.name in (TRIAL_LOCK, TAG_NAME, KEY_NAME, MARKER) or path.name.startswith((TAG_TMP_PREFIX, KEY_TMP_PREFIX)):
         return path.is_file() and not path.is_symlink()
     return bool(_lock_match(path.name)) and path.is_file() and not path.is_symlink()
 
@@ -285,12 +286,18 @@ def _classify(path: Path) -> dict[str, Any]:
         entry["reason"] = "not a folder autotune made"
         return entry
     m = _temp_match(path.name)
+    if m and not is_marked(path):
+        entry["reason"] = "named like autotune's temporary folders, but not marked as its own"
+        return entry
     if m:
         busy = _busy(path, m)
         what = "fill during a first epoch" if m.group(2) == "fill" else "build"
         entry.update(kind="temp", backend=m.group(1).split("-", 1)[0], nbytes=_dir_bytes(path),
                      status="building" if busy else "partial",
                      reason=f"a {what} in progress" if busy else f"an unfinished or interrupted {what}")
+        return entry
+    if _TRIAL.match(path.name) and not is_marked(path):
+        entry["reason"] = "named like autotune's trial folders, but not marked as its own"
         return entry
     if _TRIAL.match(path.name):
         inner = [_classify(p) for p in sorted(path.iterdir()) if not _trial_bookkeeping(p)]
@@ -341,12 +348,13 @@ def clear_caches(root: Path | str | None = None, backend: str | None = None) -> 
     """Delete autotune's own folders under ``root``: caches (with a manifest), unfinished builds and
     trial leftovers nobody holds, and lock files left alone. Returns {"removed": paths, "foreign":
     folders that are not autotune's (untouched), "busy": builds or trials in progress (untouched),
+    "in_use": caches a loader is reading (their lease is held: untouched),
     "not_owned": autotune folders of another user (untouched)}."""
 
     if backend is not None:
         get_backend(backend)
     root = Path(root) if root is not None else default_root()
-    result: dict[str, list[str]] = {"removed": [], "foreign": [], "busy": [], "not_owned": []}
+    result: dict[str, list[str]] = {"removed": [], "foreign": [], "busy": [], "in_use": [], "not_owned": []}
     for entry in list_caches(root):
         path = Path(entry["path"])
         if entry["kind"] == "foreign":
@@ -361,9 +369,12 @@ def clear_caches(root: Path | str | None = None, backend: str | None = None) -> 
             result["not_owned"].append(str(path))
             continue
         if entry["kind"] == "cache":
-            set_aside(path)
-        else:
-            shutil.rmtree(path, ignore_errors=True)
+            if not set_aside(path):  # a loader holds its lease (``_lease``)
+                result["in_use"].append(str(path))
+                continue
+        elif not remove_own(path):
+            result["foreign"].append(str(path))
+            continue
         result["removed"].append(str(path))
     if root.is_dir():
         for f in root.iterdir():  # lock files of caches that are gone, taken first (NOTE [cache build lock])

@@ -8,10 +8,11 @@ from a live one's folders. A trial holds ``TRIAL_LOCK`` in its folder while it l
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import tempfile
 from pathlib import Path
+
+from autotune.caches._own import is_own, mark, remove_own
 
 TRIAL_LOCK = ".trial.lock"
 _PREFIX = "trial-"
@@ -22,10 +23,17 @@ def _host() -> str:
     return "".join(c if c.isalnum() or c in "._" else "_" for c in name)[:64]
 
 
+def remove_trial_folder(path: str | os.PathLike[str]) -> bool:
+    """Remove a trial folder ``trial_folder`` made (whether it was autotune's own: ``_own``)."""
+    return remove_own(path)
+
+
 def trial_folder(root: str | os.PathLike[str]) -> str:
     """A new, empty folder for one trial under ``root``: ``trial-HOST-PID-RANDOM``."""
     os.makedirs(root, exist_ok=True)
-    return tempfile.mkdtemp(prefix=f"{_PREFIX}{_host()}-{os.getpid()}-", dir=root)
+    folder = tempfile.mkdtemp(prefix=f"{_PREFIX}{_host()}-{os.getpid()}-", dir=root)
+    mark(folder, "trial")
+    return folder
 
 
 def _alive(pid: int) -> bool:
@@ -40,7 +48,8 @@ def _alive(pid: int) -> bool:
 
 def is_leftover(path: Path) -> bool:
     """A trial folder whose search is gone: made on this host by a process that no longer exists, or by an
-    older autotune that did not name its folders (``trial-RANDOM``). Another host's folders are left alone."""
+    older autotune that did not name its folders (``trial-RANDOM``). Another host's folders are left alone.
+Only a folder autotune marked as its own (``_own``) is ever removed as one."""
     parts = path.name[len(_PREFIX):].rsplit("-", 2)
     if len(parts) != 3 or not parts[1].isdigit():
         return True
@@ -53,12 +62,9 @@ def leftover_trials(root: str | os.PathLike[str]) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and is_leftover(p))
+    return sorted(p for p in root.iterdir() if p.name.startswith(_PREFIX) and is_own(p) and is_leftover(p))
 
 
 def remove_leftovers(root: str | os.PathLike[str]) -> list[Path]:
     """Remove the leftover trial folders under ``root``; the ones removed."""
-    removed = leftover_trials(root)
-    for path in removed:
-        shutil.rmtree(path, ignore_errors=True)
-    return removed
+    return [path for path in leftover_trials(root) if remove_own(path)]

@@ -18,6 +18,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from autotune.caches._own import MARKER
 from autotune.errors import AutotuneError
 
 TAG_NAME = "CACHEDIR.TAG"
@@ -101,7 +102,8 @@ def ensure_root(root: Path | str | None = None) -> Path:
         # tag's temporary file and renaming it (that file is ours), another may have tagged the root and
         # put its lock beside the tag since we looked. Autotune writes the tag before anything else, so
         # entries found with the tag in place afterwards are autotune's.
-        others = [entry for entry in root.iterdir() if not entry.name.startswith(TAG_TMP_PREFIX)]
+        others = [entry for entry in root.iterdir()  # autotune's marker too: a trial folder made to be a root
+                  if not entry.name.startswith(TAG_TMP_PREFIX) and entry.name != MARKER]
         if others and not is_tagged(root):
             raise AutotuneError(f"The cache folder {root} holds files autotune did not put there, so autotune "
                                 "will not write in it; pass cache_dir= a new or empty folder, or omit it.")

@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"Left {path} untouched: not autotune's.")
             for path in result["busy"]:
                 print(f"Left {path} untouched: in use by a running build or trial.")
+            for path in result["in_use"]:
+                print(f"Left {path} untouched: in use by a loader reading it.")
             for path in result["not_owned"]:
                 print(f"Left {path} untouched: owned by another user.")
         return 0

@@ -87,10 +87,9 @@ def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
     epoch, d_epoch = m.chosen.epoch_seconds or 0.0, m.default.epoch_seconds or 0.0
     total, d_total = m.chosen.total_seconds or 0.0, m.default.total_seconds or 0.0
     sub = m.subset or Subset(measured=0, length=0)
-    lines.append(
-        f"  epoch: {format_seconds(epoch)} vs {format_seconds(d_epoch)} for the default "
-        f"(num_workers=0): {epoch / d_epoch if d_epoch else 1.0:.2f}x the default's time"
-    )
+    lines.append(f"  epoch: {format_seconds(epoch)}, the default's (num_workers=0)" if m.is_default else
+                 f"  epoch: {format_seconds(epoch)} vs {format_seconds(d_epoch)} for the default "
+                 f"(num_workers=0): {epoch / d_epoch if d_epoch else 1.0:.2f}x the default's time")
     lines.append(
         f"  whole run ({recipe.profile.settings.epochs} epochs"
         f"{', cache build included' if recipe.config.cache else ''}): {format_seconds(total)} vs "

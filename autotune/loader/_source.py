@@ -245,8 +245,8 @@ class FactorySite:
             try:
                 return open_or_build(backend, dataset, root=self.root, manifest=key, progress=self.progress,
                                      workers=self.workers)
-            except AutotuneError:
-                raise  # the dataset's own failure, random samples, an untrusted folder: never "a full disk"
+            except AutotuneError:  # the dataset's own failure (DatasetError), random samples, or a refusal: an
+                raise  # untrusted or foreign folder is said, never read past (README "Cache identity and trust")
             except Exception as exc:  # noqa: BLE001 - a backend's write error comes in its library's types
                 problem = _first_line(exc)
         if ignored and "No space left" not in problem:

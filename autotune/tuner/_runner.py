@@ -14,7 +14,6 @@ import multiprocessing
 import os
 import pickle
 import re
-import shutil
 import signal
 import sys
 import time
@@ -25,7 +24,7 @@ from typing import Any, Protocol
 import psutil
 
 from autotune._units import format_bytes
-from autotune.caches import trial_folder
+from autotune.caches import remove_trial_folder, trial_folder
 from autotune.config import LoaderConfig
 from autotune.loader import READING
 from autotune.machine import tree_pss, tree_rss
@@ -117,9 +116,9 @@ def what_hangs(pids: list[int], logs: list[str | None], wait: float = 0.5) -> st
             with contextlib.suppress(OSError):
                 with open(log, errors="replace") as f:
                     found += [(float(s), int(i)) for i, s in _READING_LINE.findall(f.read()[-65536:])]
-    if not found:
-        return ""
-    seconds, index = max(found)
+    seconds, index = max(found, default=(0.0, -1))
+    if seconds < 1.0:
+        return ""  # a read that just began: a slow candidate, not a hang
     return f"dataset[{index}] had not returned after {seconds:.0f} s (a read that hangs?)"
 
 
@@ -387,7 +386,7 @@ class Runner:
                     kill_tree(rank.proc.pid)
                 rank.proc.join(10)
             if trial_dir:
-                shutil.rmtree(trial_dir, ignore_errors=True)
+                remove_trial_folder(trial_dir)
         if self.memory_limit and result.peak_memory_bytes > self.memory_limit:
             # The subset's run fitted, the whole run would not: its memory cache holds every sample. A recipe
             # over the budget would be OOM-killed where the budget is a job's limit.

@@ -3,9 +3,9 @@ the interval of each speed-up (docs/architecture.md §3).
 
 Runs of one configuration vary (5-18% on a small VM, more beside another job), so a ratio of two medians
 means little alone. Each configuration's runs are taken on a log scale, where a ratio is a difference; the
-spread is pooled over every configuration measured more than once (one machine, one noise), and the
-speed-up's 95% interval is the difference of the log medians plus or minus Student's t times that spread.
-With no configuration measured twice the spread is ``PRIOR_SPREAD``, what a small VM shows. A candidate
+spread is pooled over every configuration measured more than once (one machine, one noise), together with
+``PRIOR_SPREAD`` (what a small VM shows) weighted as ``PRIOR_DF`` degrees of freedom, and the speed-up's
+95% interval is the difference of the log medians plus or minus Student's t times that spread. A candidate
 whose interval holds 1 is tied with the default, and a tie keeps the default.
 """
 
@@ -21,6 +21,7 @@ from typing import TypeVar
 from autotune.config import LoaderConfig
 
 PRIOR_SPREAD = 0.10  # log-scale spread of one configuration's runs before any was repeated (5-18% measured)
+PRIOR_DF = 4  # what the prior spread weighs against the runs' own, in degrees of freedom
 NARROW = 0.05  # a speed-up's interval is narrow enough at about +-5%
 NOISY_SPREAD = 0.15  # runs of one configuration varying more than ~15% make a machine too noisy to tell
 NOISY_STEAL = 0.05  # CPU time taken by the hypervisor for other guests
@@ -49,6 +50,7 @@ class Spread:
 
     @classmethod
     def pooled(cls, runs: Mapping[object, Sequence[float]]) -> Spread:
+        """The runs' spread, moderated by the prior (``df`` counts the prior's share too)."""
         squares, df = 0.0, 0
         for values in runs.values():
             logs = [math.log(v) for v in values if v > 0]
@@ -56,7 +58,9 @@ class Spread:
                 mean = statistics.fmean(logs)
                 squares += sum((x - mean) ** 2 for x in logs)
                 df += len(logs) - 1
-        return cls(math.sqrt(squares / df), df) if df else cls(PRIOR_SPREAD, 0)
+        # The prior counts as PRIOR_DF runs' worth: one pair of runs that happened to agree (or not) does not
+        # make the interval as narrow (or as wide, with t of 1 degree of freedom: 12.7) as that pair alone.
+        return cls(math.sqrt((squares + PRIOR_DF * PRIOR_SPREAD ** 2) / (df + PRIOR_DF)), df + PRIOR_DF)
 
 
 @dataclass(frozen=True)
@@ -153,4 +157,4 @@ def noise_since(start: tuple[float, float] | None, cpus: int, spread: Spread) ->
         load = os.getloadavg()[0] / max(cpus, 1)
     except OSError:
         load = None
-    return Noise(steal=steal, load=load, spread=spread.sigma if spread.df else None)
+    return Noise(steal=steal, load=load, spread=spread.sigma if spread.df > PRIOR_DF else None)

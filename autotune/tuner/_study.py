@@ -40,6 +40,7 @@ from autotune.tuner._space import Space
 SEARCH_SHARE = 0.7  # of the budget; the rest re-measures the finalists interleaved
 MIN_ROUNDS = 2  # interleaved re-measurements of the finalists before their interval can be narrow enough
 MAX_ROUNDS = 8
+STOP_S = 4.0  # stopping a trial that overran: asking what it reads, SIGTERM and its grace (tuner/_runner.py)
 
 
 @dataclass
@@ -249,9 +250,10 @@ class Search:
             )
 
     def trial_timeout(self) -> float:
-        """A trial's limit: the plan's, capped by the budget left (the first trial's by the wall)."""
+        """A trial's limit: the plan's, capped by the budget left (the first trial's by the wall), less what
+        stopping a trial that overruns takes."""
         until = self.clock.budget_end if self.asked > 1 else self.clock.wall
-        return min(self.plan.batch_timeout, self.clock.left(until))
+        return max(0.0, min(self.plan.batch_timeout, self.clock.left(until) - STOP_S))
 
     def run_trial(self, trial: optuna.Trial) -> None:
         """Suggest, measure and tell one trial. Every write to the trial is guarded: another search may have
@@ -326,9 +328,9 @@ class Search:
         study, plan = self.study, self.plan
         default = self.setup.space.default()
         finalists = _best_distinct(study, self.opts.finalists)
-        configs = [LoaderConfig.from_json(t.user_attrs["config"]) for t in finalists]
-        if default not in configs:
-            configs.append(default)
+        # the default first: it anchors every comparison, so the first round measures it whatever is left
+        configs = [default] + [c for c in (LoaderConfig.from_json(t.user_attrs["config"]) for t in finalists)
+                               if c != default]
         figures: dict[LoaderConfig, list[Measurement]] = {c: [] for c in configs}
         failed_finalists: dict[LoaderConfig, str] = {}
         cost = {t.user_attrs.get("config_key"): t.duration.total_seconds()
@@ -340,11 +342,11 @@ class Search:
             for config in order:
                 if config in failed_finalists:
                     continue
-                if self.clock.left() < min(cost.get(config.key(), typical), plan.batch_timeout):
+                left = self.clock.left() - STOP_S
+                if left < min(cost.get(config.key(), typical), plan.batch_timeout):
                     continue  # it would not end before the wall: its figures so far (or the loop's) stand
                 try:
-                    figures[config].append(self.runner.run(config, plan,
-                                                           timeout=min(plan.batch_timeout, self.clock.left())))
+                    figures[config].append(self.runner.run(config, plan, timeout=min(plan.batch_timeout, left)))
                     ran = True
                 except TrialFailed as exc:  # a finalist that fails now (timeout, memory) is out, not fatal
                     failed_finalists[config] = str(exc)
