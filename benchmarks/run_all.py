@@ -38,7 +38,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ORDER = ("article_table", "search_cost", "cpu_lstm", "accelerator", "allocators", "process_settings",
-         "cache_memory", "prediction", "cache_fill", "memory_limit")
+         "cache_memory", "prediction", "cache_fill", "memory_limit", "provenance")
 
 
 def command(name: str, args: argparse.Namespace, work: Path, failed: list[str]) -> list[str]:

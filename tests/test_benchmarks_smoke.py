@@ -27,7 +27,7 @@ _spec.loader.exec_module(run_all)
 # search_cost reuses article_table's search, so they share a group; the groups take about as long
 # (measured: under 7 minutes each on 2 CPUs at a load average of 9; cpu_lstm writes no JPEGs while article_table does).
 GROUPS = (("article_table", "search_cost", "cache_memory", "prediction"),
-          ("cpu_lstm", "accelerator", "allocators", "process_settings", "cache_fill", "memory_limit"))
+          ("cpu_lstm", "accelerator", "allocators", "process_settings", "cache_fill", "memory_limit", "provenance"))
 MACHINE_KEYS = {"cpu_model", "usable_cpus", "memory_bytes", "torch", "described", "fingerprint"}
 TIMEOUT = 1200  # a hang's limit; on a quiet 2-CPU machine the whole module takes a few minutes
 ROW_KEYS = {"epoch_s", "setup_s", "total_s", "first_over_steady", "runs", "repeats"}
@@ -250,3 +250,13 @@ def test_cache_fill(results):
         assert row["failed"] == [] and len(row["epoch_s"]) == 3 and row["finish_s"]["n"] == 1, name
         assert row["total_s"]["median"] >= row["finish_s"]["median"] >= 0
     assert data["rows"]["pickle/first_epoch/2"]["over_best_build"] > 0
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(TIMEOUT)
+def test_provenance(results):
+    data = _check(results, "provenance")
+    assert sorted(data["checks"]) == ["2000", "20000"]  # --quick
+    for runs in data["checks"].values():
+        assert len(runs["warm"]) == 1 and len(runs["warm, one thread"]) == 1 and runs["warm"][0] > 0
+    assert data["images"] == 64 and [len(v) for v in data["builds"].values()] == [1, 1]
