@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = {name: dict(CASES[name]) for name in args.case}
     if args.quick:
         cases = {"decoded": {"images": 128, "limit": int(1.2 * GIB)}}
-        args.budget, args.rows = min(args.budget, 6.0), [r for r in args.rows if r in ("plain", "C", "autotune",
+        args.budget, args.rows = min(args.budget, 30.0), [r for r in args.rows if r in ("plain", "C", "autotune",
                                                                                      "grid")]
     for case in cases.values():
         if args.images:
