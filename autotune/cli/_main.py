@@ -37,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the command itself (console script, python -m autotune), not a call from Python
+        from autotune.dataset._watchdog import own_the_process
+
+        own_the_process()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv == ["--version"]:  # answered before the subcommands (and torch) are imported
         print(f"autotune {__version__}")

@@ -3,17 +3,22 @@
 A read in the main thread cannot be interrupted safely (a dead network mount blocks in the kernel, an
 endless loop holds the interpreter), so a thread watches it instead: when a read outlives its allowance, or
 the deadline passes while one runs, the thread prints one line naming what was being read and ends the
-process with exit 2. Every read inside ``guarded`` is watched; ``reading`` names the one under way.
+process with exit 2 when it is the ``autotune`` command's (``own_the_process``); in a user's process
+(``autotune.search()``) it interrupts the main thread instead, which raises one DatasetError. Every read
+inside ``guarded`` is watched; ``reading`` names the one under way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
 from collections.abc import Iterator
+
+from autotune.errors import DatasetError
 
 EXIT_CODE = 2
 
@@ -54,10 +59,19 @@ def _watch(stop: threading.Event) -> None:
     while not stop.wait(0.1):
         problem = _overdue(time.monotonic())
         if problem is not None:
+            if not _process_is_ours[0]:
+                # The user's process (autotune.search(), a notebook, a test): never ended from here. The main
+                # thread is interrupted as Ctrl-C would be; ``guarded`` turns that into one DatasetError. A read
+                # blocked in the kernel stays blocked, as it would without autotune.
+                _hung.append(problem)
+                # a real SIGINT to the main thread: it wakes a sleep or a wait (EINTR), which interrupt_main's
+                # simulated one does not
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+                return
             try:
                 print(f"autotune: error: {problem}", file=sys.stderr, flush=True)
             finally:
-                os._exit(EXIT_CODE)  # the read holds the main thread: nothing else can end it
+                os._exit(EXIT_CODE)  # the command's own process, its read holding the main thread
 
 
 @contextlib.contextmanager
@@ -75,9 +89,22 @@ def guarded(deadline: float, per_read: float, fix: str = "fix that read, or pass
     thread.start()
     try:
         yield
+    except KeyboardInterrupt:
+        if not _hung:
+            raise
+        raise DatasetError(_hung.pop()) from None
     finally:
         stop.set()
         thread.join()
         with _lock:
             _armed.pop()
             _reads.pop()
+
+
+def own_the_process() -> None:
+    """Called by the ``autotune`` command: its process is autotune's, so a hung read may end it (exit 2)."""
+    _process_is_ours[0] = True
+
+
+_process_is_ours = [False]
+_hung: list[str] = []
