@@ -15,12 +15,13 @@ from autotune.errors import DatasetError
 
 
 def test_a_hang_in_a_users_process_raises_instead_of_ending_it():
-    started = time.monotonic()
+    woke = []
     with pytest.raises(DatasetError, match=r"^dataset\[3\] had not returned after \d+ s"):
         with guarded(time.monotonic() + 60, 0.5):
             with reading("dataset[3]"):
                 time.sleep(30)
-    assert time.monotonic() - started < 30, "the sleep was interrupted, not waited out"
+                woke.append(True)
+    assert woke == [], "the hung read was interrupted, not waited out"
     assert os.getpid()  # still here: the process was not ended
 
 
