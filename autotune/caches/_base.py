@@ -59,10 +59,9 @@ class _Indexed(torch.utils.data.Dataset[Any]):
     def __init__(self, dataset: Any, indices: Sequence[int], record: bool):
         self.reads, self.indices, self.record = WatchedReads(dataset), indices, record
         self._sources: Sources | None = None
-        self._sent = 0
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_sources": None, "_sent": 0}
+        return {**self.__dict__, "_sources": None}
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -79,8 +78,7 @@ class _Indexed(torch.utils.data.Dataset[Any]):
         with self._sources.recording():
             wires = [self[k] for k in positions]
         self._sources.scan_process()
-        new = list(self._sources.seen.items())[self._sent:]
-        self._sent += len(new)
+        new = self._sources.take_new()
         return torch.frombuffer(bytearray(b"".join(wires)), dtype=torch.uint8), [len(w) for w in wires], new
 
 

@@ -146,7 +146,7 @@ class DiskFill(Dataset[Any]):
         self._local: _Local | None = None
         self._reads = WatchedReads(dataset)
         self._sources: Sources | None = None  # this process's record of what its reads opened (``_provenance``)
-        self._sources_sent, self._sources_pid = 0, 0
+        self._sources_pid = 0
         head = [self._read(k) for k in range(min(_HEAD, n))]
         self.schema = infer_schema(head)
         for k, sample in enumerate(head):
@@ -167,7 +167,7 @@ class DiskFill(Dataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items()
                  if k not in ("_local", "_alive", "_commit_lock", "_stop", "_thread")}
-        state["_local"], state["_sources"], state["_sources_sent"], state["_sources_pid"] = None, None, 0, 0
+        state["_local"], state["_sources"], state["_sources_pid"] = None, None, 0
         return state
 
     def _view(self) -> _Local | None:
@@ -194,7 +194,7 @@ class DiskFill(Dataset[Any]):
         fill given up (no record trusted, nothing committed) when the read drew randomness."""
         sources = self._sources
         if sources is None or self._sources_pid != os.getpid():
-            sources, self._sources_sent, self._sources_pid = Sources(), 0, os.getpid()
+            sources, self._sources_pid = Sources(), os.getpid()
             self._sources = sources
         with sources.recording():
             sample, drawn = self._reads.read_noting(self.indices[k])
@@ -204,12 +204,11 @@ class DiskFill(Dataset[Any]):
             local.random[0] = 1
             log.warning("autotune: %s; this run reads the source every epoch and keeps no cache.",
                         message(self.indices[k], f"drew from {drawn}"))
-        new = list(sources.seen.items())[self._sources_sent:]
+        new = sources.take_new()
         if new:
             try:
                 with open(self.staging / f"sources-{os.getpid()}.jsonl", "a") as fh:
                     fh.write("".join(json.dumps([p, st]) + "\n" for p, st in new))
-                self._sources_sent += len(new)
             except OSError:  # the staging folder is gone: this fill commits nothing anyway
                 pass
         return sample

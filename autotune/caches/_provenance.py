@@ -66,6 +66,7 @@ class Sources:
 
     def __init__(self, exclude: Iterable[str | os.PathLike[str]] = ()):
         self.seen: dict[str, Stat | None] = {}
+        self._new: list[tuple[str, Stat | None]] = []  # seen since the last ``take_new``
         self._exclude = tuple(os.path.realpath(os.fspath(p)).rstrip(os.sep) + os.sep for p in exclude)
         self._fds: dict[int, str] = {}
         self._scans = 0
@@ -75,7 +76,13 @@ class Sources:
 
     def add(self, path: str, /) -> None:
         if path not in self.seen:
-            self.seen[path] = stat_of(path)
+            st = self.seen[path] = stat_of(path)
+            self._new.append((path, st))
+
+    def take_new(self) -> list[tuple[str, Stat | None]]:
+        """The entries seen since the last call (what a worker sends on, without copying the whole record)."""
+        new, self._new = self._new, []
+        return new
 
     def update(self, entries: dict[str, Stat | None]) -> None:
         for path, st in entries.items():
