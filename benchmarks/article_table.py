@@ -142,8 +142,8 @@ CELLS = {"A": cell_a, "B": cell_b, "C": cell_c, "D": cell_d, "autotune": cell_re
 # ------------------------------------------------------------------------------------------ driver (parent)
 
 
-def search_and_grid(args, work: Path) -> dict:
-    """autotune's search, then the grid on the same plan; returns profiles and costs for the rows."""
+def search_and_grid(args, work: Path, *, grid: bool = True) -> dict:
+    """autotune's search, then (``grid``) the grid on the same plan; returns profiles and costs for the rows."""
     spec = UserSpec(dataset=jpeg_dataset(args.images), source=str(EXAMPLES / "jpeg_folder.py"), batch_size=BATCH,
                     epochs=EPOCHS, sys_path=[str(EXAMPLES)])
     output.say(f"autotune search, budget {args.budget:.0f} s ...")
@@ -152,7 +152,7 @@ def search_and_grid(args, work: Path) -> dict:
     search = {**recipes.search_record(recipe, outcome, timing), "pruned": outcome.pruned,
               "failed": len(outcome.failed), "search_seconds": outcome.search_seconds,
               "plan_samples": len(outcome.plan.indices), "study": outcome.study}
-    if "oracle" not in args.rows:  # the grid only serves the oracle row (and search_cost.py --reuse)
+    if not grid:  # the grid serves the oracle row and search_cost.py
         return {"search": search, "grid": None, "profiles": {"autotune": recipe.profile.to_dict()},
                 "allocators": {"autotune": recipe.config.allocator}}
     space = oracle.reduced_space(max_workers=2)
@@ -203,12 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cell:
         return child_main(CELLS, args.cell)
     if args.quick:
-        args.images, args.budget = min(args.images, 128), min(args.budget, 15.0)
+        args.images, args.budget = min(args.images, 128), min(args.budget, 30.0)
     repeats = args.repeats or (1 if args.quick else 3)
     work = output.workdir(args.workdir, NAME)
     started = time.perf_counter()
     jpeg_dataset(args.images)  # write the images once, outside every measurement
-    tuned = search_and_grid(args, work) if {"autotune", "oracle"} & set(args.rows) else None
+    tuned = (search_and_grid(args, work, grid="oracle" in args.rows) if {"autotune", "oracle"} & set(args.rows)
+             else None)
 
     def runner(row: str, memory: bool = False):
         params: dict = {"images": args.images, "workdir": str(work)}

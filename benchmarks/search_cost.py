@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.quick:
-        args.images, args.budget = min(args.images, 128), min(args.budget, 15.0)
+        args.images, args.budget = min(args.images, 128), min(args.budget, 30.0)
     started = time.perf_counter()
     if args.reuse:
         work = Path(args.reuse)

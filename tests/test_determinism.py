@@ -40,3 +40,19 @@ def test_random_getitem_fails_with_index_and_fix():
 def test_probes_last_index():
     ok, reason = check_deterministic(RandomOnlySometimes(), probe=2)
     assert not ok and "dataset[49]" in reason
+
+
+def test_a_dataset_that_raises_in_workers_leaves_no_signal_behind():
+    """The check's worker is killed once its read failed; on c9e4379 the DataLoader's SIGCHLD handler then
+    raised "DataLoader worker (pid N) is killed by signal: Killed" in the main thread, later, wherever it
+    was (a search ended with that traceback)."""
+    import time
+
+    from workloads import RaisesInWorkers
+
+    from autotune.dataset._determinism import check_deterministic
+
+    assert check_deterministic(RaisesInWorkers(8)) == (True, "")
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:  # the SIGCHLD arrives within milliseconds; its handler runs here
+        time.sleep(0.05)

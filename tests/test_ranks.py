@@ -240,11 +240,13 @@ def test_a_killed_searchs_shared_trial_folder_is_a_leftover_that_clear_and_the_n
     """A shared trial folder holds the tag and the build lock open_or_build writes beside its cache: still
     a trial folder, removed whole by `cache clear` and by the next search once its search is gone."""
     from autotune.caches import open_or_build
+    from autotune.caches._own import make_own
     from autotune.caches._trust import ensure_root
 
     for root in (tmp_path / "a", tmp_path / "b"):
-        folder = root / "trial-abcdefgh"  # an older autotune's unnamed folder: a leftover
-        folder.mkdir(parents=True)
+        folder = root / "trial-abcdefgh"  # an older autotune's unnamed folder (no host, no pid): a leftover
+        root.mkdir()
+        make_own(folder, "trial")  # as trial_folder marks it: only a marked folder is ever removed
         ensure_root(folder)
         open_or_build("hdf5", Exact(8), root=folder, manifest={"key": "trial", "dataset": "x"}, indices=range(8),
                       progress=False)

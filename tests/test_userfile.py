@@ -10,7 +10,6 @@ import pytest
 
 from autotune.cli._main import main
 from autotune.dataset._userfile import load_user_file
-from autotune.errors import DatasetError
 
 GOOD = """
 import torch
@@ -125,8 +124,11 @@ def test_bad_budget(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "autotune.json").exists()
 
 
-def test_debug_shows_the_traceback(tmp_path, monkeypatch):
+def test_debug_shows_the_traceback_and_keeps_the_exit_status(tmp_path, monkeypatch, capsys):
     path = write(tmp_path, "dataset = []")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(DatasetError, match="is empty"):
-        main(["search", str(path), "--debug"])
+    assert main(["search", str(path), "--debug"]) == 2  # as without --debug: scripts see one status
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):")
+    assert "raise DatasetError(" in err
+    assert err.endswith(f"autotune: error: 'dataset' in {path} is empty (len 0); point it at some data before tuning.\n")

@@ -16,6 +16,7 @@ unless ``data_dir`` names their folder.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -205,22 +206,13 @@ def _files(dataset: Any, length: int, per_read: list[set[str]], data_dir: str | 
 
 
 def _recorded_reads(dataset: Any, indices: list[int]) -> tuple[list[Any], list[set[str]]]:
-    """``dataset[i]`` for each index and the files each read opened: ``machine._evict.record_files``
-    per read, with its filtering done once for all of them (it resolves every module's path)."""
-
-    _evict._install_hook()
-    samples, raw = [], []
+    """``dataset[i]`` for each index and the data files each read opened (``machine._evict.record_files``)."""
+    samples, files = [], []
     for i in indices:
-        seen: set[str] = set()
-        token = _evict._recording.set((_evict._recording.get() or ()) + (seen,))
-        try:
-            samples.append(dataset[i])
-        finally:
-            _evict._recording.reset(token)
-        raw.append(seen)
-    modules = _evict._module_files()
-    kept = {p: _evict._keep(p, modules) for p in set().union(set(), *raw)}
-    return samples, [{k for p in seen if (k := kept[p]) is not None} for seen in raw]
+        sample, opened = _evict.record_files(functools.partial(dataset.__getitem__, i))
+        samples.append(sample)
+        files.append(opened)
+    return samples, files
 
 
 def dataset_key(dataset: Any, *, data_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:

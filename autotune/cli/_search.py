@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     opts = options_from(args)
     RecipeFile.check_target(args.recipe)  # before the budget is spent
     clock = opts.clock()
-    with guarded(clock.budget_end, clock.read_allowance):  # the file's import and its first sample
+    with guarded(clock.wall, clock.read_allowance):  # the file's import and its first sample
         spec = load_user_file(args.target, batch_size=args.batch_size, epochs=args.epochs,
                               samples_per_epoch=args.samples_per_epoch)
     if args.validate and _spec_is_stream(spec):

@@ -89,9 +89,7 @@ def _in_a_worker(dataset: Any, indices: list[int], main: list[Any], timeout: flo
     try:
         got = [(pickle.loads(wire), drawn) for wire, drawn in it]
     except Exception as exc:  # noqa: BLE001 - the dataset cannot be read in a forked worker (in time)
-        if pid.value:  # a worker stuck in a read may ignore SIGTERM: shutting down must not wait on it
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid.value, signal.SIGKILL)
+        _kill_worker(it, pid.value)
         del it
         log.info("autotune: dataset[i] could not be read in a forked worker (%s: %s); only the main "
                  "process's reads were compared", type(exc).__name__, str(exc).strip().splitlines()[-1:])
@@ -110,6 +108,19 @@ def _in_a_worker(dataset: Any, indices: list[int], main: list[Any], timeout: flo
             if not samples_equal(a, b):
                 return message(i, "changes with set_epoch() (augmentation seeded by the epoch)")
     return ""
+
+
+def _kill_worker(it: Any, pid: int) -> None:
+    """End the check's worker at once: a worker stuck in a read may ignore SIGTERM, and shutting down must
+    not wait on it. Its pid leaves the DataLoader's SIGCHLD watch first: that handler raises "DataLoader
+    worker (pid N) is killed by signal" in the main thread, wherever it then is, for any registered worker
+    that dies of a signal (a dataset that raises in workers ended the search that way)."""
+    if getattr(it, "_worker_pids_set", False):
+        torch.utils.data._utils.signal_handling._remove_worker_pids(id(it))
+        it._worker_pids_set = False
+    if pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def check_deterministic(dataset: Any, probe: int = 3, seed: int = 0, *, timeout: float | None = None

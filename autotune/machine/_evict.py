@@ -129,13 +129,23 @@ def _keep(path: str, module_files: set[str]) -> str | None:
         return None
 
 
+_modules_seen: tuple[int, set[str]] = (-1, set())
+
+
 def _module_files() -> set[str]:
-    """Files of imported modules: an import inside ``__getitem__`` opens them, but they are code."""
+    """Files of imported modules: an import inside ``__getitem__`` opens them, but they are code. Resolved
+    once per set of imported modules (a process holds ~1,600 of them: resolving them all on every recorded
+    read cost ~1 s per read on a loaded machine); modules are only ever added, so their count tells."""
+    global _modules_seen
+    count, files = _modules_seen
+    if count == len(sys.modules):
+        return files
     files = set()
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
         if isinstance(path, str):
             files.add(os.path.realpath(path))
+    _modules_seen = (len(sys.modules), files)
     return files
 
 
@@ -176,6 +186,8 @@ def record_files(fn: Callable[[], Any]) -> tuple[Any, set[str]]:
         result = fn()
     finally:
         _recording.reset(token)
+    if not seen:
+        return result, set()
     modules = _module_files()
     files = {kept for kept in (_keep(p, modules) for p in seen) if kept is not None}
     return result, files

@@ -101,7 +101,8 @@ class SearchOptions:
 
 @dataclass(frozen=True)
 class Clock:
-    """The search's deadlines: trials and preparation end at ``budget_end``, everything at ``wall``."""
+    """The search's deadlines: trials after the first end at ``budget_end``; preparation, the first trial and
+    the finalists at ``wall``."""
 
     start: float
     budget: float
