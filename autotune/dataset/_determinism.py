@@ -116,7 +116,7 @@ def _kill_worker(it: Any, pid: int) -> None:
     worker (pid N) is killed by signal" in the main thread, wherever it then is, for any registered worker
     that dies of a signal (a dataset that raises in workers ended the search that way)."""
     if getattr(it, "_worker_pids_set", False):
-        torch.utils.data._utils.signal_handling._remove_worker_pids(id(it))
+        torch._C._remove_worker_pids(id(it))  # what DataLoader's own shutdown calls
         it._worker_pids_set = False
     if pid:
         with contextlib.suppress(ProcessLookupError):
