@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from autotune.config import LoaderConfig
+from autotune.loader._order import plain_order
 from autotune.process import worker_init
 
 
@@ -61,7 +62,8 @@ def make_loader(dataset: Any, config: LoaderConfig, *, user_worker_init: Callabl
                 loader_cls: type[DataLoader[Any]] = DataLoader, **passthrough: Any) -> DataLoader[Any]:
     """A DataLoader (or ``loader_cls``, e.g. torchdata's StatefulDataLoader) with ``config``'s settings;
     ``passthrough`` (batch_size, sampler, collate_fn, ...) is the caller's and wins over the config.
-    Process settings reach each worker via worker_init_fn."""
+    Process settings reach each worker via worker_init_fn. Its epochs draw from the generator what a plain
+    loader's do, so its batches are a plain loader's whatever the configuration (``_order``)."""
     kwargs = config.loader_kwargs()
     if kwargs["pin_memory"] and not torch.cuda.is_available():
         kwargs["pin_memory"] = False  # pinning without CUDA only warns and costs time
@@ -75,7 +77,7 @@ def make_loader(dataset: Any, config: LoaderConfig, *, user_worker_init: Callabl
         for key in ("prefetch_factor", "persistent_workers", "multiprocessing_context"):
             kwargs.pop(key, None)
         kwargs.pop("timeout", None)
-    return loader_cls(dataset, **kwargs)
+    return plain_order(loader_cls)(dataset, **kwargs)
 
 
 def move_to(batch: Any, device: torch.device, non_blocking: bool) -> Any:

@@ -1,0 +1,83 @@
+"""Same seed, same batches: the factory's loaders yield a plain DataLoader's batches epoch for epoch, whatever
+their workers and persistence, and consume the generator (or torch's global one) exactly as it does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_factory import write_recipe
+from torch.utils.data import DataLoader, DistributedSampler
+from workloads import Numbers
+
+import autotune
+from autotune.config import LoaderConfig
+
+pytestmark = pytest.mark.timeout(120)
+
+CONFIGS = {
+    "no workers": LoaderConfig(),
+    "2 workers": LoaderConfig(num_workers=2, multiprocessing_context="fork"),
+    "2 persistent workers": LoaderConfig(num_workers=2, prefetch_factor=4, persistent_workers=True,
+                                         multiprocessing_context="fork"),
+}
+EPOCHS = 4
+
+
+def epochs(loader, n=EPOCHS, set_epoch=None):
+    out = []
+    for epoch in range(n):
+        if set_epoch is not None:
+            set_epoch(epoch)
+        out.append([batch[1].tolist() for batch in loader])
+    return out
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_shuffled_batches_are_a_plain_loaders_for_the_same_generator(tmp_path, name):
+    path = write_recipe(tmp_path / "autotune.json", config=CONFIGS[name])
+    dataset = Numbers(37)
+    tuned_gen, plain_gen = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    tuned = autotune.dataloader(dataset, path, shuffle=True, generator=tuned_gen)
+    plain = DataLoader(dataset, batch_size=8, shuffle=True, generator=plain_gen)
+    assert tuned.num_workers == CONFIGS[name].num_workers
+    got, want = epochs(tuned), epochs(plain)
+    assert got == want
+    assert len({str(e) for e in want}) == EPOCHS  # every epoch its own order
+    assert torch.equal(tuned_gen.get_state(), plain_gen.get_state())  # and the generator left where it leaves it
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_without_a_generator_torchs_global_one_is_consumed_as_a_plain_loader_does(tmp_path, name):
+    path = write_recipe(tmp_path / "autotune.json", config=CONFIGS[name])
+    dataset = Numbers(21)
+    torch.manual_seed(3)
+    got = epochs(autotune.dataloader(dataset, path, shuffle=True), 3)
+    after = torch.randint(1 << 30, (1,)).item()
+    torch.manual_seed(3)
+    want = epochs(DataLoader(dataset, batch_size=8, shuffle=True), 3)
+    assert (got, after) == (want, torch.randint(1 << 30, (1,)).item())
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_distributed_sampler_is_left_to_its_epochs(tmp_path, name):
+    path = write_recipe(tmp_path / "autotune.json", config=CONFIGS[name])
+    dataset = Numbers(30)
+    samplers = [DistributedSampler(dataset, num_replicas=2, rank=1, shuffle=True, seed=5) for _ in range(2)]
+    gens = [torch.Generator().manual_seed(1) for _ in range(2)]
+    tuned = autotune.dataloader(dataset, path, sampler=samplers[0], generator=gens[0], drop_last=True)
+    plain = DataLoader(dataset, batch_size=8, sampler=samplers[1], generator=gens[1], drop_last=True)
+    assert tuned.sampler is samplers[0]
+    assert epochs(tuned, 3, samplers[0].set_epoch) == epochs(plain, 3, samplers[1].set_epoch)
+    assert torch.equal(gens[0].get_state(), gens[1].get_state())
+
+
+def test_a_user_sampler_and_batch_sampler_pass_through_untouched(tmp_path):
+    path = write_recipe(tmp_path / "autotune.json", config=CONFIGS["2 persistent workers"])
+    dataset = Numbers(20)
+    sampler = list(range(19, -1, -1))
+    loader = autotune.dataloader(dataset, path, sampler=sampler)
+    assert loader.sampler is sampler
+    assert epochs(loader, 2) == [[list(range(19, 11, -1)), list(range(11, 3, -1)), [3, 2, 1, 0]]] * 2
+    batches = [[3, 1], [0], [2, 4]]
+    loader = autotune.dataloader(dataset, path, batch_sampler=batches)
+    assert loader.batch_sampler is batches and epochs(loader, 2) == [batches, batches]
