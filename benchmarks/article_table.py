@@ -13,10 +13,13 @@ Rows:
           0-2 x persistent x prefetch {2, 4} x cache {none, memory, pickle, hdf5, lmdb} x allocator
           {glibc, glibc-tuned}), each point measured with ``Runner.run`` on the search's plan, then run
           for real through the same factory.
+  floor  this machine's floor (``harness/floor.py``): every JPEG decoded once on all usable CPUs, nothing
+         stored (setup), then the epochs' batch gathers from a tensor already in memory; every row's total
+         is also given as a multiple of it.
 
 Without CUDA ``pin_memory=True`` is a no-op (DataLoader warns and skips pinning); rows B-D keep the flag
 as the article did. Every run is a fresh process, the JPEGs are evicted from the page cache before
-setup and before epoch 1, the six rows are interleaved (A B C D autotune oracle, repeated), and a
+setup and before epoch 1, the seven rows are interleaved (A B C D autotune oracle floor, repeated), and a
 separate run of each row samples peak PSS (main + workers). "setup" is everything before epoch 1:
 decoding into memory (C), decode + pickle + fsync + cold load (D), the recipe's cache build.
 
@@ -35,6 +38,7 @@ import numpy as np
 import torch
 from harness import EXAMPLES, oracle, output, recipes, stats
 from harness.child import Setup, child_main, evict_files
+from harness.floor import floor_setup, over_floor
 from harness.fresh import allocator_env, run_fresh
 from harness.workloads import BATCH, EPOCHS, jpeg_dataset, jpeg_files, seeded_loader
 from PIL import Image
@@ -54,6 +58,7 @@ ROWS = {
     "D": "D: pickle file loaded whole + 2 workers + pin + persistent",
     "autotune": "autotune recipe",
     "oracle": "oracle (best grid point)",
+    "floor": "floor: decode once on all CPUs + gathers from memory",
 }
 HAND = {"num_workers": 2, "pin_memory": True, "persistent_workers": True}  # rows C and D
 
@@ -136,7 +141,13 @@ def cell_recipe(params: dict) -> Setup:
                                 cache_dir=str(cache_dir))
 
 
-CELLS = {"A": cell_a, "B": cell_b, "C": cell_c, "D": cell_d, "autotune": cell_recipe, "oracle": cell_recipe}
+def cell_floor(params: dict) -> Setup:
+    ds = jpeg_dataset(params["images"])
+    return floor_setup(ds, jpeg_files(ds), BATCH)
+
+
+CELLS = {"A": cell_a, "B": cell_b, "C": cell_c, "D": cell_d, "autotune": cell_recipe, "oracle": cell_recipe,
+         "floor": cell_floor}
 
 
 # ------------------------------------------------------------------------------------------ driver (parent)
@@ -180,7 +191,7 @@ def search_and_grid(args, work: Path, *, grid: bool = True) -> dict:
     }
 
 
-def table_row(row: str, s: dict, tuned: dict | None, ref: dict | None) -> list[str]:
+def table_row(row: str, s: dict, tuned: dict | None, ref: dict | None, floor: float | None = None) -> list[str]:
     cost = "–"
     if row == "autotune" and tuned:
         cost = f"{tuned['search']['wall_s']:.0f} s search"
@@ -189,9 +200,10 @@ def table_row(row: str, s: dict, tuned: dict | None, ref: dict | None) -> list[s
     total = s.get("total_s")
     s["autotune_over_row"] = ref["median"] / total["median"] if ref and total else None
     ratio = f"{s['autotune_over_row']:.2f}" if s["autotune_over_row"] else "–"
+    s["over_floor"] = floor
     return [ROWS[row], *[output.fmt(e) for e in s.get("epoch_s") or [None] * EPOCHS], output.fmt(s.get("setup_s")),
             output.fmt(total), output.fmt(s.get("first_over_steady")), output.fmt_bytes(s.get("peak_pss_bytes")),
-            cost, ratio]
+            cost, ratio, f"{floor:.2f}x" if floor else "–"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,13 +236,18 @@ def main(argv: list[str] | None = None) -> int:
     memory = stats.interleaved({row: runner(row, memory=True) for row in args.rows}, 1, log=output.say)
     rows = {row: stats.summarise_runs(runs[row], memory[row][0]) for row in args.rows}
     ref = rows.get("autotune", {}).get("total_s")
+    floors = over_floor(rows)
     table = output.markdown_table(
         ["row", "epoch 1 (cold), s", "epoch 2, s", "epoch 3, s", "setup / cache build, s", "total, s",
-         "epoch 1 / steady", "peak PSS (main + workers)", "search cost", "autotune total ÷ row total"],
-        [table_row(row, rows[row], tuned, ref) for row in args.rows])
+         "epoch 1 / steady", "peak PSS (main + workers)", "search cost", "autotune total ÷ row total",
+         "row total ÷ floor"],
+        [table_row(row, rows[row], tuned, ref, floors.get(row)) for row in args.rows])
     notes = [(f"{args.images} JPEGs, batch {BATCH}, {EPOCHS} epochs; median (min–max) of {repeats} interleaved "
              "fresh-process run(s); files evicted before setup and before epoch 1; memory from a separate run."),
              "pin_memory=True is kept in rows B–D as in the article; without CUDA it is a no-op."]
+    if "floor" in rows and rows["floor"].get("total_s"):
+        notes.append("floor: setup is every JPEG decoded once on all usable CPUs in fresh workers, nothing stored; "
+                     "its epochs are the batch gathers of the shuffled order from a tensor already in memory.")
     if tuned and tuned["grid"]:
         notes.append(f"autotune: {tuned['search']['describe']}; oracle: {tuned['grid']['best']['describe']} "
                      f"(grid value {tuned['grid']['best']['value']:.2f} s predicted).")

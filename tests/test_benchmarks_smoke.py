@@ -81,13 +81,18 @@ def _check(results, name):
 @pytest.mark.timeout(TIMEOUT)
 def test_article_table(results):
     data = _check(results, "article_table")
-    assert set(data["rows"]) == {"A", "B", "C", "D", "autotune", "oracle"}
+    assert set(data["rows"]) == {"A", "B", "C", "D", "autotune", "oracle", "floor"}
     for name, row in data["rows"].items():
         assert ROW_KEYS <= set(row), name
         assert len(row["epoch_s"]) == 3
         assert row["peak_pss_bytes"], f"{name}: the memory pass gave a peak"
         assert row["runs"][0]["eviction"]["before_epoch1"]["files"] > 0
     assert "autotune_over_row" in data["rows"]["A"]
+    floor = data["rows"]["floor"]
+    assert floor["over_floor"] == 1.0 and floor["runs"][0]["parts_s"]["decode"] > 0
+    assert all(row["over_floor"] == row["total_s"]["median"] / floor["total_s"]["median"]
+               for row in data["rows"].values())
+    assert "row total ÷ floor" in data["table_markdown"]
     assert set(data["search"]).issuperset({"wall_s", "config", "trial_log", "study", "measured"})
     assert {"points", "cost_s", "best", "evaluated"} <= set(data["grid"])
 

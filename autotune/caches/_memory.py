@@ -16,7 +16,7 @@ from autotune.caches._base import Cache, read_source, stored_manifest
 from autotune.caches._codec import decode, encode, infer_schema
 from autotune.caches._draws import WatchedReads
 from autotune.caches._family import register
-from autotune.machine import FileColumn
+from autotune.machine import FileColumn, populate
 
 _HEAD = 8  # samples read in the calling process to fix the schema before workers start
 
@@ -153,7 +153,9 @@ class MemoryCache(Cache):
         memory: nothing crosses a pipe or /dev/shm but the small blobs, and the main process, which would
         otherwise copy every sample three times while competing for the same cores, waits. The columns
         are memory files the workers write through (``FileColumn``: no fault per fresh page), or shared
-        anonymous memory they store into where the OS has no ``memfd_create``."""
+        anonymous memory they store into where the OS has no ``memfd_create``. Once they are done, the
+        columns' pages are mapped into this process in one call (``machine.populate``), so the first
+        epoch does not fault them in one at a time."""
         from tqdm.auto import tqdm
 
         n = len(indices)
@@ -187,6 +189,8 @@ class MemoryCache(Cache):
         finally:
             for file in files or ():
                 file.close()  # the mappings keep the columns; nothing writes them any more
+        for column in columns:  # the workers wrote the pages; mapped here now, epoch 1 reads as epoch 2
+            populate(column)
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum([len(b) for b in blobs], out=offsets[1:])
         blob_buffer = np.frombuffer(b"".join(blobs), dtype=np.uint8)

@@ -18,6 +18,10 @@
         "build", "bare_decode",         # memory-cache build vs dataset[i] alone, same samples and workers,
         "build_fixed", "build_workers", # files evicted (null: not measured); its fixed part;
         "build_first_touch", "build_bytes",  # writing the cache's bytes into fresh memory, same workers
+        "epochs", "floor", "floor_decode", "floor_gathers", "floor_workers",  # this machine's floor for
+                                        # the whole run: decode once on every usable CPU + the epochs'
+                                        # batch gathers from memory (null: not measured)
+        "recipe_total", "recipe_config", "over_floor",  # --recipe: its predicted whole run, ÷ the floor
       },
       "verdict": {                      # autotune.verdict.Verdict
         "bound": "consumer" | "loader",
@@ -39,7 +43,7 @@ from collections.abc import Callable
 
 from autotune.cli._options import add_json, add_no_progress
 from autotune.dataset import load_user_file, require_map_style
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, RecipeError
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -55,6 +59,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--batch-size", type=int, help="batch size (default: the file's batch_size, else 32)")
     p.add_argument("--samples", type=int, help="samples in the measured subset (default: 4 batches, at least 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the subset (default 0)")
+    # Its own dest: the shared ``recipe`` option defaults to autotune.json (``_options.settle``), and the
+    # floor is held against a recipe only when one is named.
+    p.add_argument("-r", "--recipe", dest="floor_recipe", metavar="PATH", default=None,
+                   help="a recipe file: its predicted whole run for this machine is shown as a multiple of the floor")
     add_json(p)
     add_no_progress(p)
     p.set_defaults(func=run)
@@ -69,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
             raise AutotuneError(f"--{flag.replace('_', '-')} must be a positive integer, but got {value}.")
     spec = load_user_file(args.target, batch_size=args.batch_size)
     require_map_style(spec, "diagnose")
-    m, v = diagnose(spec, samples=args.samples, seed=args.seed, progress=_progress(args.progress is not False))
+    recipe = _recipe_run(args.floor_recipe) if args.floor_recipe else None
+    m, v = diagnose(spec, samples=args.samples, seed=args.seed, progress=_progress(args.progress is not False),
+                    recipe=recipe)
     if args.progress is not False:
         _progress_done()
     if args.json:
@@ -77,6 +87,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_table(m, v))
     return 0
+
+
+def _recipe_run(path: str) -> tuple[float, str]:
+    """This machine's profile's predicted whole run and its configuration; RecipeError (exit 2) without one."""
+    from autotune._api import load
+
+    recipe = load(path, on_mismatch="error")
+    total = recipe.measured.chosen.total_seconds
+    if total is None:
+        raise RecipeError(f"{path} holds no predicted whole run for this machine; run autotune search again.")
+    return total, recipe.config.describe(recipe.profile.ranks_per_node)
 
 
 def _progress(wanted: bool) -> Callable[[str], None] | None:

@@ -15,7 +15,10 @@
 5. pinning and the host-to-device copy where CUDA exists ("n/a (no CUDA)" otherwise);
 6. the consumer: ``train_step`` (or the default device copy) alone, on batches already in memory;
 7. a memory-cache build of the subset against a bare decode pass of it on the same workers, files
-   evicted (``autotune.diagnose._build``): what a cache build costs over decoding.
+   evicted (``autotune.diagnose._build``): what a cache build costs over decoding;
+8. this machine's floor for the whole run (``autotune.diagnose._floor``): the subset decoded once on
+   every usable CPU, nothing stored, and epochs of batch gathers from memory, scaled to the dataset;
+   against a recipe's predicted run when one is given.
 
 The figures become ``autotune.diagnose._verdict.Breakdown`` and the verdict is ``autotune.diagnose._verdict.judge``.
 A run is a few seconds to a minute: the subset is small and each measurement short.
@@ -41,6 +44,7 @@ from autotune.caches._codec import sample_nbytes
 from autotune.dataset import UserSpec, read_sample
 from autotune.dataset._probe import probe_indices
 from autotune.diagnose._build import build_against_decode
+from autotune.diagnose._floor import Floor, measure_floor
 from autotune.diagnose._verdict import Breakdown, Verdict, judge
 from autotune.errors import DatasetError
 from autotune.loader import DeviceConsumer, move_to
@@ -290,8 +294,9 @@ def consumer_seconds(consume: Callable[[Any], Any], batches: list[Any], *, budge
 
 
 def break_down(spec: UserSpec, *, samples: int | None = None, seed: int = 0,
-            progress: Progress | None = None) -> Breakdown:
-    """Measure ``spec`` on a seeded subset; see the module docstring for the steps."""
+            progress: Progress | None = None, recipe: tuple[float, str] | None = None) -> Breakdown:
+    """Measure ``spec`` on a seeded subset; see the module docstring for the steps. ``recipe``: a recipe's
+    predicted whole run (seconds) and its configuration described, held against the floor."""
     say = progress or (lambda _text: None)
     dataset = spec.dataset
     length = len(dataset)
@@ -382,6 +387,13 @@ def break_down(spec: UserSpec, *, samples: int | None = None, seed: int = 0,
     except Exception as exc:  # noqa: BLE001 - a sample the cache cannot hold: the rest still stands
         notes.append(f"the cache build was not measured: {type(exc).__name__}: {exc}")
 
+    say("this machine's floor: one decode on every usable CPU, then gathers from memory")
+    floor: Floor | None = None
+    try:
+        floor = measure_floor(dataset, indices, batch_size=batch_size, epochs=spec.epochs, files=files, seed=seed)
+    except Exception as exc:  # noqa: BLE001 - the dataset's own failure in a worker: the rest still stands
+        notes.append(f"the floor was not measured: {type(exc).__name__}: {exc}")
+
     if not evicted and paths:
         notes.append("the files could not be evicted: cold figures are warm")
     return Breakdown(
@@ -391,6 +403,13 @@ def break_down(spec: UserSpec, *, samples: int | None = None, seed: int = 0,
         build_workers=cost.workers if cost else None,
         build_first_touch=cost.first_touch_seconds if cost else None,
         build_bytes=cost.cache_bytes if cost else None,
+        epochs=spec.epochs,
+        floor_workers=floor.workers if floor else None,
+        floor_decode=floor.decode_total if floor else None,
+        floor_gathers=floor.gathers_total if floor else None,
+        floor=floor.total if floor else None,
+        recipe_total=recipe[0] if recipe else None,
+        recipe_config=recipe[1] if recipe else "",
         batch_size=batch_size,
         usable_cpus=usable_cpus(),
         sample_cold=_mean(cold_per_sample),
@@ -425,9 +444,9 @@ def _mean(values: list[float]) -> float:
 
 
 def diagnose(spec: UserSpec, *, samples: int | None = None, seed: int = 0,
-             progress: Progress | None = None) -> tuple[Breakdown, Verdict]:
+             progress: Progress | None = None, recipe: tuple[float, str] | None = None) -> tuple[Breakdown, Verdict]:
     """Measure ``spec`` and judge it."""
-    m = break_down(spec, samples=samples, seed=seed, progress=progress)
+    m = break_down(spec, samples=samples, seed=seed, progress=progress, recipe=recipe)
     return m, judge(m)
 
 
@@ -526,6 +545,7 @@ def format_table(m: Breakdown, v: Verdict) -> str:
     lines.append(sep.join("-" * w for w in widths))
     lines.extend(fmt(r) for r in rows)
     lines.append("")
+    lines.extend(floor_lines(m))
     lines.extend(textwrap.wrap(f"Verdict: {v.summary}", WIDTH, subsequent_indent="  "))
     for text in v.explanation:
         lines.extend(textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="  "))
@@ -537,6 +557,23 @@ def format_table(m: Breakdown, v: Verdict) -> str:
     for note in m.notes:
         lines.extend(textwrap.wrap(f"note: {note}", WIDTH, initial_indent="  ", subsequent_indent="    "))
     return "\n".join(lines)
+
+
+def floor_lines(m: Breakdown) -> list[str]:
+    """The floor's section: its parts, and the recipe's run as a multiple of it (nothing when not measured)."""
+    if m.floor is None or m.floor_decode is None or m.floor_gathers is None:
+        return []
+    workers = f"{m.floor_workers} worker processes" if m.floor_workers else "this process"
+    epochs = f"{m.epochs} epoch{'s' if m.epochs != 1 else ''}"
+    lines = [f"Floor of this machine for the whole run ({m.length} samples, {epochs}, batch size {m.batch_size}; "
+             f"measured on {m.samples}): {_t(m.floor)}",
+             f"  every sample decoded once on {workers}, nothing stored: {_t(m.floor_decode)}",
+             f"  {epochs} of batch gathers from samples in memory: {_t(m.floor_gathers)}"]
+    if m.recipe_total is not None and m.over_floor is not None:
+        lines.append(f"  the recipe ({m.recipe_config}), predicted {_t(m.recipe_total)}: "
+                     f"{m.over_floor:.2f}x the floor")
+    lines.append("")
+    return lines
 
 
 def _pct(part: float, whole: float) -> str:

@@ -86,10 +86,28 @@ class Breakdown:
     build_workers: int | None = None
     build_first_touch: float | None = None  # writing the cache's bytes into fresh memory once, same workers
     build_bytes: int | None = None  # what the subset's memory cache holds
+    # This machine's floor for the whole run (autotune/diagnose/_floor.py): every sample decoded once on
+    # ``floor_workers`` processes, nothing stored, plus ``epochs`` epochs of batch gathers from memory,
+    # measured on the subset and scaled to ``length``; None when it was not measured.
+    epochs: int = 1
+    floor_workers: int | None = None
+    floor_decode: float | None = None
+    floor_gathers: float | None = None
+    floor: float | None = None  # floor_decode + floor_gathers
+    recipe_total: float | None = None  # the recipe's predicted whole run (``--recipe``), None without one
+    recipe_config: str = ""  # its configuration, described
+
+    @property
+    def over_floor(self) -> float | None:
+        """The recipe's whole run as a multiple of the floor (None without both)."""
+        if self.recipe_total is None or not self.floor:
+            return None
+        return self.recipe_total / self.floor
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["notes"] = list(self.notes)
+        out["over_floor"] = self.over_floor
         return out
 
     @classmethod

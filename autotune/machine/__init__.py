@@ -1,6 +1,6 @@
 """The machine a recipe is tuned on: hardware facts and fingerprint (``_hardware``), the CPUs this
 process may use (``_cpus``), memory, the job's limit and its budget (``_memory``, ``_memory_limit``,
-``_memory_file``, ``_first_touch``),
+``_memory_file``, ``_first_touch``, ``_populate``),
 /dev/shm (``_shm``), and page-cache eviction for cold reads (``_evict``).  See docs/architecture.md.
 """
 
@@ -18,6 +18,7 @@ from autotune.machine._first_touch import first_touch_seconds
 from autotune.machine._memory import default_budget, tree_pss, tree_rss
 from autotune.machine._memory_file import FileColumn
 from autotune.machine._memory_limit import JobMemory, job_memory
+from autotune.machine._populate import populate
 from autotune.machine._shm import batch_bytes, shm_free, shm_rule
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "job_memory",
     "first_touch_seconds",
     "fits_page_cache",
+    "populate",
     "ranks_per_node",
     "record_files",
     "shm_free",
