@@ -18,6 +18,7 @@ from autotune.errors import AutotuneError
 from autotune.integrations._lightning import plain_loader
 from autotune.machine import _hardware as hardware
 from autotune.machine import ranks_per_node as ranks_from
+from autotune.recipe._adaptive import AdaptiveLoader
 from autotune.recipe._factory import FROM_RECIPE, build_loader
 from autotune.recipe._file import Profile, RecipeFile, choose_profile
 from autotune.recipe._measured import Measured, RunFigures, Subset
@@ -58,8 +59,8 @@ class Recipe:
 
     def dataloader(self, dataset: Any, *, transform: Callable[..., Any] | None = None,
                    cache: str | None = FROM_RECIPE, cache_dir: str | os.PathLike[str] | None = None,
-                   apply_process_settings: bool = True,
-                   progress: bool = True, **overrides: Any) -> DataLoader[Any]:
+                   apply_process_settings: bool = True, progress: bool = True, adapt: bool | str = False,
+                   **overrides: Any) -> DataLoader[Any] | AdaptiveLoader:
         """A DataLoader over ``dataset`` with this recipe's settings; keyword arguments win over the recipe.
 
         ``cache="hdf5"`` (or None) forces a cache backend, ``"recipe"`` (the default) takes the recipe's;
@@ -67,9 +68,14 @@ class Recipe:
         ``collate_fn``, ``shuffle``, ``sampler``, ``drop_last`` and the like pass through untouched.
         The loader's ``autotune`` attribute says where each setting came from and what was applied.
         ``loader_cls=StatefulDataLoader`` (torchdata) builds that class instead of torch's DataLoader.
+        ``adapt=True`` returns an ``AdaptiveLoader``: iterable like the DataLoader, with the same batches, it
+        measures the real step's stall and moves workers, prefetch, persistence and pinning at epoch
+        boundaries when that is measurably faster; ``adapt="observe"`` measures and never moves.
         """
-        return build_loader(self.profile, dataset, transform=transform, cache=cache, cache_dir=cache_dir,
-                            apply_process_settings=apply_process_settings, progress=progress, **overrides)
+        loader: DataLoader[Any] | AdaptiveLoader = build_loader(
+            self.profile, dataset, transform=transform, cache=cache, cache_dir=cache_dir,
+            apply_process_settings=apply_process_settings, progress=progress, adapt=adapt, **overrides)
+        return loader
 
     def trainer_arguments(self) -> TrainerArguments:
         """For the Hugging Face Trainer: ``args, not_carried = recipe.trainer_arguments()``, then
@@ -212,14 +218,31 @@ def _search_here(nearest: Profile, path: str | os.PathLike[str], dataset: Any, b
 
 
 def dataloader(dataset: Any, path: str | os.PathLike[str] = DEFAULT_RECIPE, *, on_mismatch: str = "warn",
-               ranks_per_node: int | None = None, **kwargs: Any) -> DataLoader[Any]:
+               ranks_per_node: int | None = None, adapt: bool | str = False,
+               **kwargs: Any) -> DataLoader[Any] | AdaptiveLoader:
     """One step: ``load(path)`` then ``Recipe.dataloader(dataset, **kwargs)``.
 
+    With ``adapt`` and no recipe file at ``path``, the loader starts from the search's usual advice (a
+    worker per usable CPU, persistent) and adapts from there.
     The one line a LightningDataModule's ``train_dataloader()`` needs; while ``autotune search`` reads
     that datamodule, it returns a plain DataLoader with torch's defaults instead (no recipe is read)."""
     calls = resolving()
     if calls is not None:
         loader: DataLoader[Any] = plain_loader(dataset, calls, **kwargs)
         return loader
-    recipe = load(path, on_mismatch=on_mismatch, dataset=dataset, ranks_per_node=ranks_per_node)
-    return recipe.dataloader(dataset, **kwargs)
+    if adapt and not Path(path).exists():
+        recipe = Recipe(prior_profile(kwargs.get("batch_size"), ranks_from(ranks_per_node)), path)
+    else:
+        recipe = load(path, on_mismatch=on_mismatch, dataset=dataset, ranks_per_node=ranks_per_node)
+    return recipe.dataloader(dataset, adapt=adapt, **kwargs)
+
+
+def prior_profile(batch_size: int | None, ranks: int = 1) -> Profile:
+    """This machine's profile before any search: the usual advice (``config.usual_advice``), nothing measured."""
+    from autotune.config import usual_advice
+    from autotune.machine import usable_cpus
+
+    context = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    return Profile(hardware=hardware.collect(ranks_per_node=ranks), dataset=DatasetRecord(source="<no recipe>"),
+                   settings=RunSettings(batch_size=batch_size),
+                   config=usual_advice(usable_cpus(ranks), context=context))

@@ -283,3 +283,13 @@ def fork_allows_threads(context: str | None, worker_threads: int | None) -> bool
 
 
 DEFAULT = LoaderConfig()
+
+
+def usual_advice(max_workers: int, *, persistent: bool = True, context: str | None = "fork",
+                 main_threads: int | None = None) -> LoaderConfig:
+    """The usual advice, a worker per usable CPU, persistent: the search's first prior after the default,
+    and where an adapting loader without a recipe starts."""
+    if not max_workers:
+        return LoaderConfig(main_threads=main_threads)
+    return LoaderConfig(num_workers=max_workers, prefetch_factor=2, persistent_workers=persistent,
+                        multiprocessing_context=context, main_threads=main_threads)

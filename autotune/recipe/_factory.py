@@ -150,9 +150,14 @@ def _measured_gain(m: Measured) -> bool:
 def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any] | None = None,
                  cache: str | None = FROM_RECIPE, cache_dir: str | os.PathLike[str] | None = None,
                  apply_process_settings: bool = True, progress: bool = True,
-                 loader_cls: type[DataLoader[Any]] = DataLoader, **overrides: Any) -> DataLoader[Any]:
+                 loader_cls: type[DataLoader[Any]] = DataLoader, adapt: bool | str = False,
+                 **overrides: Any) -> Any:
     """A DataLoader over ``dataset`` with the profile's settings; see the module docstring for precedence.
-    ``loader_cls`` builds another DataLoader subclass with the same arguments (torchdata's StatefulDataLoader)."""
+    ``loader_cls`` builds another DataLoader subclass with the same arguments (torchdata's StatefulDataLoader).
+    ``adapt=True`` returns an ``AdaptiveLoader`` that moves the settings during the run (``_adaptive``),
+    ``adapt="observe"`` one that measures and never moves."""
+    if adapt not in (False, True, "observe"):
+        raise AutotuneError(f"adapt must be True, False or 'observe', but got {adapt!r}.")
 
     stream = is_stream(dataset)
     kind = type(dataset)  # a class has __getitem__ and __len__ as attributes, its instances are the datasets
@@ -212,8 +217,13 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
     if prepared.collate_fn is not None:
         overrides["collate_fn"] = prepared.collate_fn
     data = prepared.dataset
-    loader = make_loader(data, config, user_worker_init=user_init, loader_cls=loader_cls, **overrides)
-    loader.autotune = res
+
+    def make(config: LoaderConfig) -> DataLoader[Any]:
+        loader = make_loader(data, config, user_worker_init=user_init, loader_cls=loader_cls, **overrides)
+        loader.autotune = res
+        return loader
+
+    loader = make(config) if not adapt else adaptive_loader(make, config, res, adapt, profile)
     if not config.num_workers and res.sources.get("num_workers") == "recipe":
         quiet_worker_warning(profile.measured.note)
     log.info("autotune DataLoader: %s", res.describe())
@@ -223,4 +233,23 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
         if line not in _said:
             _said.add(line)
             warnings.warn(f"autotune could not apply: {line}", stacklevel=_caller_stacklevel())
+    return loader
+
+
+def adaptive_loader(make: Callable[[LoaderConfig], DataLoader[Any]], config: LoaderConfig, res: Resolution,
+                    adapt: bool | str, profile: Profile) -> Any:
+    """An ``AdaptiveLoader`` over ``make``, starting from ``config``; a setting the caller gave never moves."""
+    import torch
+
+    from autotune.machine import usable_cpus
+    from autotune.recipe._adapt_policy import Policy
+    from autotune.recipe._adaptive import AdaptiveLoader, rank_sync
+
+    ranks = ranks_per_node()
+    fixed = frozenset(k for k in TUNED_KEYS if res.sources.get(k) == "caller")
+    policy = Policy(config, max_workers=usable_cpus(ranks), cuda=torch.cuda.is_available(),
+                    observe=adapt == "observe", fixed=fixed)
+    loader = AdaptiveLoader(make, config, policy, sync=rank_sync())
+    policy.allowed = lambda candidate: loader.memory.allowed(candidate, loader.config, ranks)
+    log.info("autotune adapts the loader during the run%s", " (observing only)" if adapt == "observe" else "")
     return loader

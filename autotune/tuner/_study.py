@@ -20,7 +20,7 @@ import optuna
 
 from autotune._units import format_bytes, format_seconds
 from autotune.caches import remove_leftovers
-from autotune.config import LoaderConfig, cache_backend
+from autotune.config import LoaderConfig, cache_backend, usual_advice
 from autotune.dataset import Probe, UserSpec
 from autotune.errors import AutotuneError, MeasurementError
 from autotune.machine import shm_rule
@@ -483,9 +483,8 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
     process competes with torch's own intra-op threads on a small machine."""
     priors = [default]
     if space.max_workers:
-        priors.append(LoaderConfig(num_workers=space.max_workers, prefetch_factor=2,
-                                   persistent_workers=True in space.persistent,
-                                   multiprocessing_context=space.contexts[0], main_threads=default.main_threads))
+        priors.append(usual_advice(space.max_workers, persistent=True in space.persistent,
+                                   context=space.contexts[0], main_threads=default.main_threads))
     caches = [c for c in space.caches if c is not None]
     if caches:
         allocator = "glibc-tuned" if "glibc-tuned" in space.allocators else default.allocator

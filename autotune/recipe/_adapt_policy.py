@@ -1,0 +1,246 @@
+"""What an adapting loader does next, from what it measured: a pure function of the observations.
+
+The loader (``recipe._adaptive``) hands ``Policy.decide`` one ``EpochObservation`` per epoch of the real
+training and gets the configuration of the next epoch back; nothing here reads a clock or builds a loader,
+so every decision is a function of the numbers fed in (the tests feed them).
+
+The figure is the epoch's seconds per batch under the real step (the wall from ``iter()`` to the end);
+for a freshly started persistent pool, its one-off start-up (the first batch's wait beyond the others')
+is left out, since the next epochs do not pay it. The signal for the direction is the stall, the share
+of that time spent waiting inside ``next()``: a loader that keeps the step waiting needs more (workers,
+prefetch, persistence, pinning); one that never does may be taking the cores the step needs, so fewer
+workers come first.
+
+The rules (a hill climb, as tf.data's and MindSpore's, with a significance test):
+
+1. The first epoch is a warm-up (cold files, a cache filling): it only sets the stall.
+2. A move is tried for one epoch against the incumbent's latest epoch, and kept only when it is faster
+   by more than the noise measured in this run: the spread of the chunks within epochs (their log
+   seconds per batch, pooled) over the chunks compared, twice that, at least ``MIN_GAIN``, and at least
+   the incumbent's own change between its last two epochs. Otherwise the next epoch reverts.
+3. After ``MAX_REJECTIONS`` rejections in a row, or with no move left, the policy settles: the
+   incumbent stays, and its figure is watched; a change beyond ``DRIFT`` (and the noise), or the stall
+   crossing ``STALL_HIGH``, reopens the search from the incumbent.
+4. ``observe`` mode measures and never moves. A move ``allowed`` refuses (memory, /dev/shm) is skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from autotune.config import MAX_PREFETCH, LoaderConfig
+
+MIN_GAIN = 0.03  # the least speed-up a switch is kept for, on a log scale (~3%)
+MAX_REJECTIONS = 3
+DRIFT = 0.15  # a settled incumbent's change that reopens the search (log scale, ~16%)
+STALL_HIGH = 0.1  # above: the step waits for the loader
+
+
+@dataclass(frozen=True)
+class EpochObservation:
+    """One epoch as the loader measured it."""
+
+    config: LoaderConfig
+    batches: int
+    seconds: float  # iter() to the end of the epoch
+    wait_seconds: float  # inside next(), summed
+    first_wait_seconds: float  # the first batch's wait: a new pool's start-up, a reset's refill
+    chunk_seconds: tuple[float, ...] = ()  # seconds per batch of each chunk of the epoch, in order
+    fresh_pool: bool = False  # this epoch started the workers (a switch, or not persistent)
+
+    @property
+    def stall(self) -> float:
+        return self.wait_seconds / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def seconds_per_batch(self) -> float:
+        """The epoch's cost per batch as the next epochs of this configuration would pay it (rule in the
+        module docstring: a persistent pool's start-up is paid once)."""
+        seconds = self.seconds
+        if self.fresh_pool and self.config.persistent_workers and self.batches > 1:
+            rest = (self.wait_seconds - self.first_wait_seconds) / (self.batches - 1)
+            seconds -= max(0.0, self.first_wait_seconds - rest)
+        return seconds / max(1, self.batches)
+
+
+@dataclass(frozen=True)
+class Decision:
+    config: LoaderConfig  # the next epoch's
+    event: str  # "warm-up", "observe", "measure", "try", "keep", "revert", "settle", "reopen"
+    line: str  # in words, for the log and the record
+
+
+@dataclass
+class _Stats:
+    epochs: list[float] = field(default_factory=list)  # seconds per batch, per epoch
+    chunks: int = 0  # chunks behind the latest epoch
+    stall: float = 0.0
+
+
+Allowed = Callable[[LoaderConfig], str | None]  # None: the configuration may run; else why not
+
+
+def _worker_step(n: int) -> int:
+    return 1 if n < 4 else n // 4
+
+
+def moves(config: LoaderConfig, stall: float, *, max_workers: int, cuda: bool,
+          first: str | None = None) -> list[tuple[str, LoaderConfig]]:
+    """The neighbours of ``config`` worth one epoch, in the order the stall suggests (``first``, the move
+    last kept, leads while it still applies)."""
+    n = config.num_workers
+    out: dict[str, LoaderConfig] = {}
+    if n and not config.persistent_workers:
+        out["persistent workers"] = config.refit(persistent_workers=True)
+    more = {}
+    if n < max_workers:
+        more["more workers"] = config.refit(num_workers=min(max_workers, n + _worker_step(n)),
+                                            persistent_workers=config.persistent_workers or not n)
+    if n and (config.prefetch_factor or 2) < min(8, MAX_PREFETCH):
+        more["more prefetch"] = config.refit(prefetch_factor=2 * (config.prefetch_factor or 2))
+    if cuda and not config.pin_memory:
+        more["pin memory"] = config.refit(pin_memory=True)
+    fewer = {}
+    if n:
+        fewer["fewer workers"] = config.refit(num_workers=n - _worker_step(n) if n >= 4 else n - 1)
+    if n and (config.prefetch_factor or 2) > 1:
+        fewer["less prefetch"] = config.refit(prefetch_factor=max(1, (config.prefetch_factor or 2) // 2))
+    if cuda and config.pin_memory:
+        fewer["no pinning"] = config.refit(pin_memory=False)
+    if stall > STALL_HIGH:
+        out.update(more)
+        out.update(fewer)
+    else:
+        out.update(fewer)
+        out.update(more)
+    ordered = list(out.items())
+    if first in out:
+        ordered.sort(key=lambda item: item[0] != first)
+    return [(name, c) for name, c in ordered if c != config]
+
+
+class Policy:
+    """The adapting loader's decisions (see the module docstring); ``decide`` once per epoch."""
+
+    def __init__(self, start: LoaderConfig, *, max_workers: int, cuda: bool = False, observe: bool = False,
+                 allowed: Allowed | None = None, fixed: frozenset[str] = frozenset()):
+        self.incumbent = start
+        self.max_workers = max_workers
+        self.cuda = cuda
+        self.observe = observe
+        self.allowed: Allowed = allowed or (lambda config: None)
+        self.fixed = fixed  # what the caller set: never moved
+        self.stats: dict[LoaderConfig, _Stats] = {}
+        self.trying: tuple[str, LoaderConfig] | None = None
+        self.tried: set[LoaderConfig] = set()  # moves rejected from the present incumbent
+        self.kept_move: str | None = None
+        self.rejections = 0
+        self.settled = False
+        self.reference: float | None = None  # the settled incumbent's figure
+        self.settled_stall = 0.0
+        self.epochs = 0
+        self._log_chunks: list[float] = []  # each chunk's log seconds per batch less its epoch's mean
+        self.skipped: dict[LoaderConfig, str] = {}
+
+    # ------------------------------------------------------------------ measurements
+
+    def _record(self, obs: EpochObservation) -> _Stats:
+        stats = self.stats.setdefault(obs.config, _Stats())
+        stats.epochs.append(obs.seconds_per_batch)
+        stats.stall = obs.stall
+        chunks = [c for c in obs.chunk_seconds if c > 0]
+        stats.chunks = max(1, len(chunks))
+        if len(chunks) > 1:
+            logs = [math.log(c) for c in chunks]
+            mean = statistics.fmean(logs)
+            self._log_chunks += [v - mean for v in logs]
+        return stats
+
+    def noise(self) -> float:
+        """The spread of one chunk's log seconds per batch in this run (0 before two chunks)."""
+        if len(self._log_chunks) < 2:
+            return 0.0
+        return math.sqrt(sum(v * v for v in self._log_chunks) / (len(self._log_chunks) - 1))
+
+    def threshold(self, incumbent: _Stats, candidate: _Stats) -> float:
+        """The log speed-up a candidate must beat (rule 2)."""
+        sigma = self.noise() * math.sqrt(1 / incumbent.chunks + 1 / candidate.chunks)
+        own = abs(math.log(incumbent.epochs[-1] / incumbent.epochs[-2])) if len(incumbent.epochs) > 1 else 0.0
+        return max(MIN_GAIN, 2 * sigma, own)
+
+    # ------------------------------------------------------------------ decisions
+
+    def decide(self, obs: EpochObservation) -> Decision:
+        self.epochs += 1
+        stats = self._record(obs)
+        if self.observe:
+            return Decision(obs.config, "observe", f"{obs.seconds_per_batch * 1e3:.2f} ms a batch, stall "
+                                                   f"{obs.stall:.0%}: observed")
+        if self.epochs == 1:
+            return Decision(self.incumbent, "warm-up", "the first epoch warms up (files, caches, workers)")
+        if self.trying is not None and obs.config == self.trying[1]:
+            return self._judge(stats)
+        if obs.config != self.incumbent:  # an epoch of something else (a resumed state's): measured only
+            return Decision(self.incumbent, "revert", f"back to {self.incumbent.describe()}")
+        if self.settled:
+            return self._watch(stats)
+        return self._next_move(stats)
+
+    def _judge(self, candidate: _Stats) -> Decision:
+        assert self.trying is not None
+        name, config = self.trying
+        self.trying = None
+        incumbent = self.stats[self.incumbent]
+        gain = math.log(incumbent.epochs[-1] / candidate.epochs[-1])
+        need = self.threshold(incumbent, candidate)
+        figures = (f"{candidate.epochs[-1] * 1e3:.2f} vs {incumbent.epochs[-1] * 1e3:.2f} ms a batch "
+                   f"({math.exp(gain):.3f}x, needed {math.exp(need):.3f}x)")
+        if gain > need:
+            self.incumbent, self.kept_move, self.rejections = config, name, 0
+            self.tried = set()
+            return Decision(config, "keep", f"{name}: {figures}: kept")
+        self.tried.add(config)
+        self.rejections += 1
+        if self.rejections >= MAX_REJECTIONS:
+            self._settle()
+            return Decision(self.incumbent, "settle", f"{name}: {figures}: reverted; settled after "
+                                                      f"{self.rejections} rejections")
+        return Decision(self.incumbent, "revert", f"{name}: {figures}: reverted")
+
+    def _next_move(self, incumbent: _Stats) -> Decision:
+        for name, config in moves(self.incumbent, incumbent.stall, max_workers=self.max_workers, cuda=self.cuda,
+                                  first=self.kept_move):
+            if config in self.tried or config in self.skipped or any(
+                    getattr(config, k) != getattr(self.incumbent, k) for k in self.fixed):
+                continue
+            why = self.allowed(config)
+            if why is not None:
+                self.skipped[config] = why
+                continue
+            self.trying = (name, config)
+            return Decision(config, "try", f"trying {name}: {config.describe()}")
+        self._settle()
+        return Decision(self.incumbent, "settle", "settled: no move left to try")
+
+    def _settle(self) -> None:
+        self.settled = True
+        self.reference = self.stats[self.incumbent].epochs[-1]
+        self.settled_stall = self.stats[self.incumbent].stall
+
+    def _watch(self, incumbent: _Stats) -> Decision:
+        assert self.reference is not None
+        now = incumbent.epochs[-1]
+        change = abs(math.log(now / self.reference))
+        crossed = (incumbent.stall > STALL_HIGH) != (self.settled_stall > STALL_HIGH)
+        if change > max(DRIFT, 2 * self.noise()) or crossed:
+            self.settled, self.rejections, self.tried, self.skipped = False, 0, set(), {}
+            self.stats[self.incumbent] = _Stats([now], incumbent.chunks, incumbent.stall)
+            decision = self._next_move(self.stats[self.incumbent])
+            why = (f"{now * 1e3:.2f} ms a batch against {self.reference * 1e3:.2f} when settled" if not crossed
+                   else f"the stall is now {incumbent.stall:.0%}")
+            return Decision(decision.config, "reopen", f"reopened: {why}; {decision.line}")
+        return Decision(self.incumbent, "measure", f"settled: {now * 1e3:.2f} ms a batch")
+

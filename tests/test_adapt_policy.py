@@ -1,0 +1,130 @@
+"""The adapting loader's policy: the exact moves it makes for given observations (no clock, no loader)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from autotune.config import LoaderConfig
+from autotune.recipe._adapt_policy import MIN_GAIN, EpochObservation, Policy, moves
+
+W2 = LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True, multiprocessing_context="fork")
+W3 = W2.refit(num_workers=3)
+W4 = W2.refit(num_workers=4)
+W1 = W2.refit(num_workers=1)
+
+
+def obs(config, ms_per_batch, *, stall=0.5, batches=100, spread=0.0, fresh=False, first_wait=None):
+    """An epoch of ``batches`` at ``ms_per_batch``; ``spread``: its chunks alternate ±spread (log scale)."""
+    spb = ms_per_batch / 1e3
+    chunks = tuple(spb * math.exp(spread if i % 2 else -spread) for i in range(8))
+    seconds = spb * batches
+    wait = stall * seconds
+    return EpochObservation(config=config, batches=batches, seconds=seconds, wait_seconds=wait,
+                            first_wait_seconds=wait / batches if first_wait is None else first_wait,
+                            chunk_seconds=chunks, fresh_pool=fresh)
+
+
+def run(policy, observations):
+    """Feed the epochs; each is measured under the configuration the policy chose for it (checked)."""
+    out = []
+    current = policy.incumbent
+    for make in observations:
+        o = make(current)
+        d = policy.decide(o)
+        out.append((d.event, d.config))
+        current = d.config
+    return out
+
+
+def test_a_loader_bound_run_adds_workers_while_each_step_pays_and_settles_after_three_rejections():
+    policy = Policy(W2, max_workers=4)
+    figures = {W2: 10.0, W3: 8.0, W4: 7.0}  # ms a batch; the step waits (stall 0.5)
+    prefetch4 = W4.refit(prefetch_factor=4)
+    less = W4.refit(num_workers=3)
+    figures.update({prefetch4: 7.1, less: 8.0, W4.refit(prefetch_factor=1): 7.0})
+    got = run(policy, [lambda c: obs(c, figures[c])] * 10)
+    assert got == [
+        ("warm-up", W2), ("try", W3), ("keep", W3), ("try", W4), ("keep", W4),
+        ("try", prefetch4), ("revert", W4),  # 7.1 is slower
+        ("try", less), ("revert", W4),  # fewer workers: slower
+        ("try", W4.refit(prefetch_factor=1)),  # as fast: not beyond the noise
+    ]
+    d = policy.decide(obs(W4.refit(prefetch_factor=1), 7.0))
+    assert (d.event, d.config) == ("settle", W4) and policy.settled
+    assert policy.decide(obs(W4, 7.0)).event == "measure"
+
+
+def test_a_step_bound_run_tries_fewer_workers_first():
+    assert [name for name, _ in moves(W2, 0.01, max_workers=4, cuda=False)] == [
+        "fewer workers", "less prefetch", "more workers", "more prefetch"]
+    assert [name for name, _ in moves(W2, 0.5, max_workers=4, cuda=True)] == [
+        "more workers", "more prefetch", "pin memory", "fewer workers", "less prefetch"]
+    plain = LoaderConfig(num_workers=2, prefetch_factor=2, multiprocessing_context="fork")
+    assert moves(plain, 0.5, max_workers=2, cuda=False)[0] == ("persistent workers",
+                                                              plain.refit(persistent_workers=True))
+    assert moves(LoaderConfig(), 0.5, max_workers=2, cuda=False) == [
+        ("more workers", LoaderConfig(num_workers=1, prefetch_factor=2, persistent_workers=True))]
+    assert moves(W2, 0.5, max_workers=4, cuda=False, first="less prefetch")[0][0] == "less prefetch"
+    policy = Policy(W2, max_workers=4)
+    got = run(policy, [lambda c: obs(c, 10.0, stall=0.0)] * 3)
+    assert got == [("warm-up", W2), ("try", W1), ("revert", W2)]
+
+
+def test_a_switch_is_kept_only_beyond_the_noise_measured_in_the_run():
+    faster = 10.0 * math.exp(-0.05)  # 5% faster
+    quiet = Policy(W2, max_workers=4)
+    assert [e for e, _ in run(quiet, [lambda c: obs(c, 10.0 if c == W2 else faster)] * 3)] == [
+        "warm-up", "try", "keep"]
+    noisy = Policy(W2, max_workers=4)  # chunks ±10%: 5% over 8 chunks each is within the noise
+    assert [e for e, _ in run(noisy, [lambda c: obs(c, 10.0 if c == W2 else faster, spread=0.1)] * 3)] == [
+        "warm-up", "try", "revert"]
+    assert noisy.noise() == pytest.approx(0.1 * math.sqrt(24 / 23))  # 3 epochs of 8 chunks
+    # the incumbent's own change between its epochs is noise too
+    drifting = Policy(W2, max_workers=4)
+    seq = iter([10.0, 10.6, 10.6 * math.exp(-0.05)])  # 5% faster than an incumbent that moved 6%
+    assert [e for e, _ in run(drifting, [lambda c: obs(c, next(seq))] * 3)] == ["warm-up", "try", "revert"]
+    assert MIN_GAIN == 0.03
+    tiny = Policy(W2, max_workers=4)  # 2% is under the least gain a switch is made for
+    assert [e for e, _ in run(tiny, [lambda c: obs(c, 10.0 if c == W2 else 9.8)] * 3)][-1] == "revert"
+
+
+def test_a_fresh_persistent_pools_start_up_is_paid_once_and_left_out():
+    fresh = obs(W3, 100.0, stall=1.0, batches=10, fresh=True, first_wait=0.5)
+    # 1 s in all, 0.5 s waited for the first batch and 0.5 s for the other 9 (0.0556 each)
+    assert fresh.seconds_per_batch == pytest.approx((1.0 - (0.5 - 0.5 / 9)) / 10)
+    again = obs(W3, 100.0, stall=1.0, batches=10, fresh=False, first_wait=0.5)  # a reset's refill recurs
+    assert again.seconds_per_batch == pytest.approx(0.1)
+    not_persistent = W3.refit(persistent_workers=False)
+    restarted = obs(not_persistent, 100.0, stall=1.0, batches=10, fresh=True, first_wait=0.5)
+    assert restarted.seconds_per_batch == pytest.approx(0.1)
+
+
+def test_a_settled_policy_reopens_on_a_drift_and_on_a_new_bottleneck():
+    policy = Policy(W2, max_workers=2)  # no more workers: only fewer, less prefetch, more prefetch
+    figures = iter([10.0, 10.0, 12.0, 10.0, 12.0, 10.0, 12.0])
+    got = run(policy, [lambda c: obs(c, next(figures), stall=0.0)] * 7)
+    assert [e for e, _ in got] == ["warm-up", "try", "revert", "try", "revert", "try", "settle"]
+    assert policy.decide(obs(W2, 10.5, stall=0.0)).event == "measure"  # within DRIFT
+    d = policy.decide(obs(W2, 30.0, stall=0.0))  # the step three times heavier
+    assert (d.event, d.config) == ("reopen", W1) and not policy.settled
+    policy.decide(obs(W1, 40.0, stall=0.0))  # reverted
+    assert policy.incumbent == W2
+    settled = Policy(W2, max_workers=2)
+    for c in [W2, W2, W1, W2, W2.refit(prefetch_factor=1), W2, W2.refit(prefetch_factor=4)]:
+        settled.decide(obs(c, 10.0 if c == W2 else 12.0, stall=0.0))
+    assert settled.settled
+    d = settled.decide(obs(W2, 10.0, stall=0.4))  # as fast, but the step now waits
+    assert d.event == "reopen" and d.config == W2.refit(prefetch_factor=4)
+
+
+def test_observe_never_moves_and_a_refused_or_callers_setting_is_never_tried():
+    observer = Policy(W2, max_workers=4, observe=True)
+    assert {d for d, _ in run(observer, [lambda c: obs(c, 10.0)] * 4)} == {"observe"}
+    assert observer.stats[W2].epochs == [0.01] * 4
+    refused = Policy(W2, max_workers=4, allowed=lambda c: "no room in /dev/shm" if c.num_workers > 2 else None)
+    assert run(refused, [lambda c: obs(c, 10.0)] * 2)[1] == ("try", W2.refit(prefetch_factor=4))
+    assert refused.skipped == {W3: "no room in /dev/shm"}
+    fixed = Policy(W2, max_workers=4, fixed=frozenset({"num_workers"}))
+    assert run(fixed, [lambda c: obs(c, 10.0)] * 2)[1] == ("try", W2.refit(prefetch_factor=4))

@@ -1,0 +1,142 @@
+"""The adapting loader: the same batches as a plain loader across every switch, one pool at a time, the
+measured epochs handed to the policy, and the stall clock."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+import torch
+from test_factory import write_recipe
+from torch.utils.data import DataLoader
+from workloads import Numbers
+
+import autotune
+from autotune.config import LoaderConfig, usual_advice
+from autotune.machine import usable_cpus
+from autotune.recipe._adapt_policy import Decision, Policy
+from autotune.recipe._adaptive import AdaptiveLoader
+from autotune.recipe._stall_clock import DeviceClock, HostClock
+
+pytestmark = pytest.mark.timeout(180)
+
+P2 = LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True, multiprocessing_context="fork")
+SCRIPT = [LoaderConfig(), LoaderConfig(num_workers=2, multiprocessing_context="fork"), P2,
+          P2.refit(num_workers=1, prefetch_factor=4), P2, LoaderConfig()]
+
+
+class Scripted(Policy):
+    """Moves through ``SCRIPT`` one epoch each: every kind of switch the real policy can make."""
+
+    def __init__(self, script):
+        super().__init__(script[0], max_workers=2)
+        self.script = list(script)
+        self.seen = []
+
+    def decide(self, obs):
+        self.seen.append(obs)
+        return Decision(self.script[len(self.seen) % len(self.script)], "try", "scripted")
+
+
+def batches(loader, epochs, check=None):
+    out = []
+    for _ in range(epochs):
+        epoch = []
+        for batch in loader:
+            if check is not None:
+                check(loader)
+            epoch.append(batch[1].tolist())
+        out.append(epoch)
+    return out
+
+
+def workers_alive() -> int:
+    return sum(1 for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE)
+
+
+def test_the_batches_are_a_plain_loaders_across_every_switch_and_one_pool_lives_at_a_time(tmp_path):
+    path = write_recipe(tmp_path / "autotune.json", config=SCRIPT[0])
+    dataset = Numbers(45)
+    loader = autotune.dataloader(dataset, path, adapt=True, shuffle=True, generator=torch.Generator().manual_seed(11))
+    assert isinstance(loader, AdaptiveLoader) and len(loader) == 6 and loader.batch_size == 8
+    loader.policy = Scripted(SCRIPT)
+    alive = []
+    got = batches(loader, len(SCRIPT), check=lambda lo: alive.append((lo.config.num_workers, workers_alive())))
+    plain = DataLoader(dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(11))
+    assert got == batches(plain, len(SCRIPT))
+    assert [o.config for o in loader.policy.seen] == SCRIPT
+    assert all(n == workers for workers, n in alive), alive  # never the old pool beside the new one
+    assert [e.config for e in loader.history.switches()] == SCRIPT[:-1]
+
+
+def test_each_measured_epoch_is_handed_over_and_a_broken_one_is_not(tmp_path):
+    path = write_recipe(tmp_path / "autotune.json", config=P2)
+    loader = autotune.dataloader(Numbers(40), path, adapt="observe")
+    for _ in range(2):
+        assert len([b for b in loader]) == 5
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    seen = loader.policy.stats[P2]
+    assert len(seen.epochs) == 2 and all(s > 0 for s in seen.epochs) and 0 <= seen.stall <= 1
+    assert [e.decision for e in loader.history.events] == ["observe", "observe"]
+    assert loader.config == P2 and not loader.history.switches()
+    assert loader.memory.batch_bytes == 8 * 4 * 4 + 8 * 8  # the first batch: 8x4 float32, 8 int64 labels
+
+
+def test_the_real_policy_keeps_the_batches_whatever_it_decides(tmp_path):
+    path = write_recipe(tmp_path / "autotune.json", config=P2)
+    dataset = Numbers(48, delay=0.001)
+    loader = autotune.dataloader(dataset, path, adapt=True, shuffle=True, generator=torch.Generator().manual_seed(2))
+    got = batches(loader, 5)
+    assert got == batches(DataLoader(dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2)),
+                          5)
+    events = loader.history.events
+    assert [e.decision for e in events][:2] == ["warm-up", "try"] and len(events) == 5
+
+
+def test_without_a_recipe_it_starts_from_the_usual_advice(tmp_path):
+    loader = autotune.dataloader(Numbers(40), tmp_path / "none.json", batch_size=8, adapt=True)
+    assert isinstance(loader, AdaptiveLoader)
+    assert loader.config == usual_advice(usable_cpus(), context="fork")
+    assert len(loader) == 5 and sorted(i for b in batches(loader, 1)[0] for i in b) == list(range(40))
+    with pytest.raises(autotune.RecipeError, match="No recipe file"):
+        autotune.dataloader(Numbers(40), tmp_path / "none.json", batch_size=8)
+    with pytest.raises(autotune.AutotuneError, match="adapt must be True, False or 'observe'"):
+        autotune.dataloader(Numbers(40), tmp_path / "none.json", batch_size=8, adapt="yes")
+
+
+def test_a_callers_setting_never_moves(tmp_path):
+    path = write_recipe(tmp_path / "autotune.json", config=P2)
+    loader = autotune.dataloader(Numbers(40), path, adapt=True, num_workers=2)
+    assert loader.policy.fixed == frozenset({"num_workers"})
+
+
+class FakeEvent:
+    """Stands for torch.cuda.Event: its time is what the test says the device reached."""
+
+    times = iter([0.0, 5.0, 10.0, 10.0])  # ms: idle 5 ms waiting for batch 1, busy through batch 2's wait
+
+    def __init__(self):
+        self.t = None
+
+    def record(self):
+        self.t = next(FakeEvent.times)
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return end.t - self.t
+
+
+def test_the_device_clock_counts_the_devices_idle_time_not_the_hosts_wait():
+    clock = DeviceClock(event=FakeEvent)
+    for _ in range(2):
+        clock.enter()
+        clock.leave()
+    clock.waits = [0.008, 0.004]  # what the host waited (s)
+    assert clock.epoch_waits() == [0.005, 0.0]
+    assert clock.epoch_waits() == []
+    host = HostClock()
+    host.enter()
+    assert host.leave() >= host.now() - 1 and len(host.epoch_waits()) == 1
