@@ -249,12 +249,17 @@ def test_prediction(results):
 @pytest.mark.timeout(TIMEOUT)
 def test_cache_fill(results):
     data = _check(results, "cache_fill")
-    assert list(data["rows"]) == ["none/build/0", "none/build/2", "pickle/build/0", "pickle/build/2",
-                                  "pickle/first_epoch/2"]  # --quick: one backend
+    assert list(data["rows"]) == ["none/build/0", "none/build/2", "memory/build/0", "memory/build/2",
+                                  "memory/first_epoch/2", "pickle/build/0", "pickle/build/2",
+                                  "pickle/first_epoch/2"]  # --quick: the memory cache and one disk backend
     for name, row in data["rows"].items():
         assert row["failed"] == [] and len(row["epoch_s"]) == 3 and row["finish_s"]["n"] == 1, name
         assert row["total_s"]["median"] >= row["finish_s"]["median"] >= 0
+        run = row["runs"][0]
+        assert row["first_over_second"]["median"] == run["epoch_s"][0] / run["epoch_s"][1], name
     assert data["rows"]["pickle/first_epoch/2"]["over_best_build"] > 0
+    assert data["rows"]["memory/first_epoch/2"]["over_best_build"] > 0
+    assert "epoch 1 ÷ epoch 2" in data["table_markdown"]
 
 
 @pytest.mark.bench

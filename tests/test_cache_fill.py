@@ -187,3 +187,118 @@ def _link(path: str) -> str:
 
 def _same(sample):
     return sample
+
+
+class Logged(Numeric):
+    """Numeric without the ragged sample, logging each read's index and pid to a file (any process)."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __getitem__(self, i: int):
+        with open(self.log, "a") as f:
+            f.write(f"{i} {os.getpid()}\n")
+        return super().__getitem__(0 if i == 13 else i)
+
+    def reads(self) -> list[tuple[int, int]]:
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        return [tuple(map(int, line.split())) for line in lines]
+
+
+def _gathering_loader(cache, workers, **extra):
+    data, collate = filling_source(cache, None, None)
+    order = torch.randperm(len(cache), generator=torch.Generator().manual_seed(2)).tolist()
+    kwargs = {"multiprocessing_context": "fork", "persistent_workers": True, **extra} if workers else {}
+    return DataLoader(data, batch_size=4, sampler=order, num_workers=workers, collate_fn=collate, **kwargs), order
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_workers_decode_into_the_cache_and_the_training_process_gathers_each_batch(tmp_path, workers):
+    dataset = Logged(tmp_path / "reads.log")
+    cache = FirstEpochCache(dataset)
+    head = len(dataset.reads())  # the schema's head, read here before any worker
+    loader, order = _gathering_loader(cache, workers)
+    expected = [default_collate([dataset[i] for i in order[k:k + 4]]) for k in range(0, 37, 4)]
+    (tmp_path / "reads.log").unlink()
+    for epoch in range(2):
+        got = list(loader)
+        assert len(got) == len(expected) and all(samples_equal(a, b) for a, b in zip(got, expected)), epoch
+        # gathered in this process from the cache, not sent through a worker's shared-memory batch
+        assert not any(images.is_shared() or labels["label"].is_shared() for images, labels in got)
+        if epoch == 0:
+            reads = dataset.reads()
+            assert sorted(i for i, _ in reads) == list(range(head, 37)), "each sample decoded once, the head never"
+            pids = {pid for _, pid in reads}
+            assert pids == {os.getpid()} if not workers else os.getpid() not in pids, "decoded in the workers"
+            assert cache.whole
+    assert len(dataset.reads()) == 37 - head, "the second epoch read nothing from the source"
+
+
+def test_a_batch_the_cache_cannot_hold_whole_goes_as_its_samples_read_once(tmp_path):
+    class Ragged(Logged):
+        def __getitem__(self, i: int):
+            with open(self.log, "a") as f:
+                f.write(f"{i} {os.getpid()}\n")
+            return Numeric.__getitem__(self, i)  # index 13 overflows the schema: never kept
+
+    dataset = Ragged(tmp_path / "reads.log")
+    cache = FirstEpochCache(dataset)
+    data, _ = filling_source(cache, None, None)
+    (tmp_path / "reads.log").unlink()
+    batch = data.__getitems__([12, 13, 14])
+    assert isinstance(batch, list) and all(samples_equal(s, dataset[i]) for s, i in zip(batch, [12, 13, 14]))
+    assert [i for i, _ in dataset.reads()][:3] == [12, 13, 14], "each read once, none again for the fallback"
+    assert cache.filled[12] and cache.filled[14] and not cache.filled[13]
+
+
+def test_an_interrupted_fill_in_workers_never_becomes_a_cache(tmp_path):
+    dataset = Logged(tmp_path / "reads.log")
+    cache = FirstEpochCache(dataset)
+    loader, order = _gathering_loader(cache, 2, prefetch_factor=1)
+    for k, _ in enumerate(loader):
+        if k == 1:
+            break  # training stopped in its first epoch
+    assert not cache.whole and cache.filled_count < 37
+    expected = [default_collate([dataset[i] for i in order[k:k + 4]]) for k in range(0, 37, 4)]
+    assert all(samples_equal(a, b) for a, b in zip(list(loader), expected, strict=True))
+    assert cache.whole  # completed by the later epoch that read the missing samples
+
+
+class Drawing(Numeric):
+    """Samples past the schema's head draw from torch's generator: found by the workers, never a cache."""
+
+    def __getitem__(self, i: int):
+        return (torch.rand(3, 4) if i >= 20 else torch.zeros(3, 4)), {"label": i, "w": i / 3}
+
+
+def test_a_fill_in_workers_that_draws_keeps_nothing():
+    cache = FirstEpochCache(Drawing())
+    assert not cache.random[0], "the head drew nothing"
+    data, collate = filling_source(cache, None, None)
+    loader = DataLoader(data, batch_size=4, num_workers=2, collate_fn=collate, multiprocessing_context="fork",
+                        persistent_workers=True)
+    first = torch.cat([images for images, _ in loader])
+    second = torch.cat([images for images, _ in loader])
+    assert cache.random[0] == 1 and not cache.whole
+    assert not bool((first[20:] == second[20:]).any()), "the second epoch drew again: nothing came from a cache"
+    assert bool((second[:20] == 0).all())
+
+
+def test_a_forked_process_that_is_not_the_caches_owner_gathers_in_place():
+    import multiprocessing
+
+    dataset = Numeric()
+    cache = FirstEpochCache(dataset)
+    data, collate = filling_source(cache, None, None)
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+
+    def run():
+        loader = DataLoader(data, batch_size=4, sampler=[0, 1, 2, 3], collate_fn=collate)
+        child.send([batch[0].tolist() for batch in loader])
+
+    process = ctx.Process(target=run)
+    process.start()
+    got = parent.recv()
+    process.join()
+    assert got == [default_collate([dataset[i] for i in range(4)])[0].tolist()]

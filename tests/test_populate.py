@@ -1,6 +1,6 @@
 """After a build in workers, the memory cache's pages are mapped in the training process (no first-touch
 faults in epoch 1): checked in this process's own page tables (/proc/self/smaps Rss of each column's
-mapping), by madvise where the kernel has it and by the one-byte-a-page fallback."""
+mapping), for memory files and for shared anonymous memory."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from torch.utils.data import Dataset
 
 from autotune.caches import MemoryCache
 from autotune.caches._codec import samples_equal
+from autotune.caches._memory import _shared_array
 from autotune.machine import FileColumn
-from autotune.machine._populate import MADV_POPULATE_READ, mapping_of, populate, touch_pages
+from autotune.machine._populate import populate
 
 pytestmark = pytest.mark.timeout(120)
 fork_only = pytest.mark.skipif(not FileColumn.available(), reason="memory files need memfd_create")
@@ -61,30 +62,26 @@ class Images(Dataset):
 
 @fork_only
 def test_populate_maps_every_page_another_process_wrote():
-    column = written_elsewhere(64, 16 * mmap.PAGESIZE)
+    column = written_elsewhere(64, 16 * mmap.PAGESIZE + 12)  # rows that do not start on a page
     assert resident(column.array) == 0, "written through the file: nothing is mapped here yet"
-    assert MADV_POPULATE_READ == 22 and populate(column.array) == "madvise"  # Linux >= 5.14 here
-    assert resident(column.array) == column.array.nbytes
+    populate(column.array)
+    assert resident(column.array) == -(-column.array.nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
     assert all(int(column.array[k, -1]) == k % 251 for k in range(64))
     column.close()
 
 
-@fork_only
-def test_the_fallback_reads_one_byte_a_page():
-    column = written_elsewhere(8, 4 * mmap.PAGESIZE)
-    assert resident(column.array) == 0
-    touch_pages(column.array)
-    assert resident(column.array) == column.array.nbytes
-    column.close()
-
-
-def test_populate_follows_the_array_to_its_mapping_and_falls_back_without_one():
-    buffer = mmap.mmap(-1, 8 * mmap.PAGESIZE, flags=mmap.MAP_SHARED)
-    array = np.frombuffer(buffer, dtype=np.float32).reshape(8, -1)
-    assert mapping_of(array) is buffer and mapping_of(array[2:]) is buffer
-    plain = np.ones((3, 5))
-    assert mapping_of(plain) is None and populate(plain) == "touched"
-    assert populate(np.empty(0)) == "madvise"
+def test_populate_maps_shared_anonymous_memory_a_child_wrote():
+    array = _shared_array((32, 4 * mmap.PAGESIZE), np.dtype(np.uint8))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child exits at once
+        try:
+            array[:] = 7
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert resident(array) == 0
+    populate(array)
+    assert resident(array) == array.nbytes and int(array[31, -1]) == 7
 
 
 def test_a_build_in_workers_leaves_the_cache_mapped_in_this_process():

@@ -14,6 +14,15 @@ says so (``whole`` is False) and is completed by whichever later epoch reads the
 and nothing is written to disk, so no cache can claim to be whole when it is not. A random
 ``transform`` runs after the cache, every epoch (``autotune.loader``).
 
+Read a batch at a time (``GatheringFill``, the default collate and no transform), a forked worker
+decodes each sample of its batch straight into the cache and hands the training process only which
+positions are ready (``_Ready``, a few bytes through the DataLoader's queue); the training process
+gathers the batch from the cache's columns as it arrives, as every later epoch does. So the first
+epoch is the build: one decode pass on the workers' cores, and no sample crosses the DataLoader's
+pickling and shared-memory path to be written into the cache a second time. A batch holding a sample
+the cache does not keep (overflow, blob leaves) or read while a draw was seen goes as the samples
+themselves, as before; every batch is exactly ``default_collate`` of ``dataset[i]``.
+
 What is not kept: a sample whose shape or type differs from the first samples' (the schema's
 overflow) or that holds leaves the columns cannot hold (strings, objects: the schema's blob
 leaves). Those are read from the source every epoch, exactly. A worker started by spawn or
@@ -23,13 +32,15 @@ nothing (exact, but no faster; a search measures that and chooses otherwise).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from autotune.caches._codec import decode, encode, infer_schema
 from autotune.caches._draws import WatchedReads, message
@@ -64,6 +75,8 @@ class FirstEpochCache(Dataset[Any]):
         self.filled = _shared_array((n,), np.dtype(np.uint8))
         self.owner = os.getpid()
         self.attached = True  # False in a pickled copy: its columns are not shared, so it only reads
+        self.token = f"{self.owner}-{next(_TOKENS)}"  # how a worker's ``_Ready`` names this cache
+        _FILLS[self.token] = self
         for k, sample in enumerate(head):
             self._keep(k, sample)
 
@@ -122,9 +135,43 @@ class FirstEpochCache(Dataset[Any]):
         return sample
 
 
+# The fills this process made, by token: where a worker's ``_Ready`` finds its cache on arrival.
+_FILLS: weakref.WeakValueDictionary[str, FirstEpochCache] = weakref.WeakValueDictionary()
+_TOKENS = itertools.count()
+
+
+def _gather(cache: FirstEpochCache, idx: np.ndarray) -> Any:
+    """The batch at positions ``idx``, all in the cache, as ``default_collate`` of its samples."""
+    values = iter([_batch_leaf(leaf, column[idx]) for leaf, column in zip(cache.schema.columns, cache.columns)])
+    return _collated(cache.schema.tree, values)
+
+
+class _Ready:
+    """Which positions of a fill a worker has in the cache: pickled, a token and the positions; unpickled
+    in the training process (the DataLoader's queue does it as the batch arrives), the gathered batch."""
+
+    __slots__ = ("positions", "token")
+
+    def __init__(self, token: str, positions: np.ndarray):
+        self.token, self.positions = token, positions
+
+    def __reduce__(self) -> tuple[Any, tuple[str, np.ndarray]]:
+        return _arrive, (self.token, self.positions)
+
+
+def _arrive(token: str, positions: np.ndarray) -> Any:
+    cache = _FILLS.get(token)
+    if cache is None or not cache.attached or cache.owner != os.getpid():
+        raise RuntimeError(f"A batch of the first-epoch cache {token} reached process {os.getpid()}, which does "
+                           "not hold that cache; it can only be read by the process that made the loader.")
+    return _gather(cache, positions)
+
+
 class GatheringFill(Dataset[Any]):
-    """A first-epoch cache read a whole batch at a time once the batch's samples are all in it
-    (``caches._gather``); before that, sample by sample (the collate function handles both)."""
+    """A first-epoch cache read a whole batch at a time: the batch's missing samples are decoded into
+    the cache, then the batch is gathered from it, in this process or, from a forked worker, in the
+    training process (``_Ready``); a batch the cache cannot hold whole goes sample by sample (the
+    collate function handles both)."""
 
     def __init__(self, cache: FirstEpochCache):
         self.cache = cache
@@ -138,10 +185,14 @@ class GatheringFill(Dataset[Any]):
 
     def __getitems__(self, positions: list[int]) -> Any:
         cache = self.cache
-        if self.gatherable and cache.attached:
-            idx = np.asarray(positions, dtype=np.int64)
-            if cache.filled[idx].all() and not cache.random[0]:
-                values = iter([_batch_leaf(leaf, column[idx])
-                               for leaf, column in zip(cache.schema.columns, cache.columns)])
-                return Gathered(_collated(cache.schema.tree, values))
-        return [cache[k] for k in positions]
+        if not (self.gatherable and cache.attached):
+            return [cache[k] for k in positions]
+        idx = np.asarray(positions, dtype=np.int64)
+        # Each missing sample read once, from the source into the cache; kept in hand in case the batch
+        # cannot be gathered (a sample the cache does not keep, a draw), so none is read twice.
+        read = {int(k): cache[int(k)] for k in idx[cache.filled[idx] == 0]}
+        if not (cache.filled[idx].all() and not cache.random[0]):
+            return [read[k] if k in read else cache[k] for k in positions]
+        if get_worker_info() is not None and os.getppid() == cache.owner:  # the training process unpickles it
+            return Gathered(_Ready(cache.token, idx))
+        return Gathered(_gather(cache, idx))

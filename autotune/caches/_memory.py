@@ -154,8 +154,8 @@ class MemoryCache(Cache):
         otherwise copy every sample three times while competing for the same cores, waits. The columns
         are memory files the workers write through (``FileColumn``: no fault per fresh page), or shared
         anonymous memory they store into where the OS has no ``memfd_create``. Once they are done, the
-        columns' pages are mapped into this process in one call (``machine.populate``), so the first
-        epoch does not fault them in one at a time."""
+        columns' pages are mapped into this process (``machine.populate``), so the first epoch does not
+        fault them in."""
         from tqdm.auto import tqdm
 
         n = len(indices)
