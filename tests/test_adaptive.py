@@ -221,3 +221,34 @@ def test_a_hand_edited_record_is_refused_naming_the_field(tmp_path, learned, pro
     path.write_text(json.dumps(doc))
     with pytest.raises(autotune.RecipeError, match=problem):
         RecipeFile.read(path)
+
+
+# ------------------------------------------------------------------------------ StatefulDataLoader
+
+def test_a_stateful_resume_carries_its_configuration_and_yields_exactly_the_remaining_samples(tmp_path):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    path = write_recipe(tmp_path / "autotune.json", config=SCRIPT[0])
+
+    def make():
+        loader = autotune.dataloader(Numbers(40), path, adapt=True, loader_cls=StatefulDataLoader, shuffle=True,
+                                     generator=torch.Generator().manual_seed(5))
+        loader.policy = Scripted([SCRIPT[0], P2])
+        return loader
+
+    # a plain torch DataLoader's batches (StatefulDataLoader's own order depends on its num_workers)
+    want = batches(DataLoader(Numbers(40), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(5)), 3)
+    loader = make()
+    assert isinstance(loader.loader, StatefulDataLoader)
+    assert batches(loader, 1) == want[:1] and loader.config == P2  # switched after epoch 1
+    iterator = iter(loader)
+    head = [next(iterator)[1].tolist() for _ in range(2)]
+    state = loader.state_dict()
+    assert LoaderConfig.from_json(state["autotune_config"]) == P2
+    del iterator
+    resumed = make()
+    assert resumed.config == SCRIPT[0]
+    resumed.load_state_dict(state)
+    assert resumed.config == P2 and resumed.loader.num_workers == 2 and resumed.policy.incumbent == P2
+    assert head + batches(resumed, 1)[0] == want[1]
+    assert batches(resumed, 1) == want[2:]  # and the epochs after it

@@ -171,6 +171,10 @@ class Policy:
         own = abs(math.log(incumbent.epochs[-1] / incumbent.epochs[-2])) if len(incumbent.epochs) > 1 else 0.0
         return max(MIN_GAIN, 2 * sigma, own)
 
+    def restart_from(self, config: LoaderConfig) -> None:
+        """Go on from ``config`` (a resumed state's): its epochs are the incumbent's, nothing is being tried."""
+        self.incumbent, self.trying = config, None
+
     # ------------------------------------------------------------------ decisions
 
     def decide(self, obs: EpochObservation) -> Decision:
