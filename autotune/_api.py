@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import multiprocessing
 import os
 from collections.abc import Callable
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from autotune.tuner._study import Outcome
 
 DEFAULT_RECIPE = "autotune.json"
+log = logging.getLogger("autotune")
 
 
 class Recipe:
@@ -70,11 +72,17 @@ class Recipe:
         ``loader_cls=StatefulDataLoader`` (torchdata) builds that class instead of torch's DataLoader.
         ``adapt=True`` returns an ``AdaptiveLoader``: iterable like the DataLoader, with the same batches, it
         measures the real step's stall and moves workers, prefetch, persistence and pinning at epoch
-        boundaries when that is measurably faster; ``adapt="observe"`` measures and never moves.
+        boundaries when that is measurably faster; ``adapt="observe"`` measures and never moves. What it
+        learns is written into this machine's profile in the recipe file, where the next loader starts.
         """
+        learn_to = self.path if adapt and self.matches_this_machine else None
+        if adapt and learn_to is None:
+            log.info("autotune will not write what this run learns: the recipe %s was tuned on other hardware",
+                     self.path or "")
         loader: DataLoader[Any] | AdaptiveLoader = build_loader(
             self.profile, dataset, transform=transform, cache=cache, cache_dir=cache_dir,
-            apply_process_settings=apply_process_settings, progress=progress, adapt=adapt, **overrides)
+            apply_process_settings=apply_process_settings, progress=progress, adapt=adapt, learn_to=learn_to,
+            **overrides)
         return loader
 
     def trainer_arguments(self) -> TrainerArguments:

@@ -34,6 +34,7 @@ class Scripted(Policy):
 
     def decide(self, obs):
         self.seen.append(obs)
+        self._record(obs)
         return Decision(self.script[len(self.seen) % len(self.script)], "try", "scripted")
 
 
@@ -95,14 +96,17 @@ def test_the_real_policy_keeps_the_batches_whatever_it_decides(tmp_path):
 
 
 def test_without_a_recipe_it_starts_from_the_usual_advice(tmp_path):
-    loader = autotune.dataloader(Numbers(40), tmp_path / "none.json", batch_size=8, adapt=True)
+    path = tmp_path / "autotune.json"
+    with pytest.raises(autotune.RecipeError, match="No recipe file"):
+        autotune.dataloader(Numbers(40), path, batch_size=8)
+    with pytest.raises(autotune.AutotuneError, match="adapt must be True, False or 'observe'"):
+        autotune.dataloader(Numbers(40), path, batch_size=8, adapt="yes")
+    loader = autotune.dataloader(Numbers(40), path, batch_size=8, adapt=True)
     assert isinstance(loader, AdaptiveLoader)
     assert loader.config == usual_advice(usable_cpus(), context="fork")
+    assert not path.exists()
     assert len(loader) == 5 and sorted(i for b in batches(loader, 1)[0] for i in b) == list(range(40))
-    with pytest.raises(autotune.RecipeError, match="No recipe file"):
-        autotune.dataloader(Numbers(40), tmp_path / "none.json", batch_size=8)
-    with pytest.raises(autotune.AutotuneError, match="adapt must be True, False or 'observe'"):
-        autotune.dataloader(Numbers(40), tmp_path / "none.json", batch_size=8, adapt="yes")
+    assert autotune.load(path).profile.learned.epochs == 1  # the run made this machine's profile
 
 
 def test_a_callers_setting_never_moves(tmp_path):
@@ -140,3 +144,80 @@ def test_the_device_clock_counts_the_devices_idle_time_not_the_hosts_wait():
     host = HostClock()
     host.enter()
     assert host.leave() >= host.now() - 1 and len(host.epoch_waits()) == 1
+
+
+# ------------------------------------------------------------------------------ written back
+
+def test_what_the_run_learned_is_written_back_and_the_next_run_starts_from_it(tmp_path, capsys):
+    import json
+
+    from autotune.cli import main
+    from autotune.recipe._file import RecipeFile
+
+    path = write_recipe(tmp_path / "autotune.json", config=SCRIPT[0])
+    other = write_recipe(tmp_path / "other.json", hw={"cpu_model": "another machine", "usable_cpus": 64})
+    RecipeFile.merge_write(path, RecipeFile.read(other).profiles.popitem()[1])  # a second machine's profile
+    before = json.loads(path.read_text())["profiles"]
+    loader = autotune.dataloader(Numbers(40), path, adapt=True, shuffle=True)
+    loader.policy = Scripted(SCRIPT[:3])
+    batches(loader, 3)
+    after = json.loads(path.read_text())["profiles"]
+    here, = (fp for fp in after if "learned" in after[fp])
+    assert {fp: p for fp, p in after.items() if fp != here} == {fp: p for fp, p in before.items() if fp != here}
+    learned = RecipeFile.read(path).profiles[here].learned
+    assert (learned.mode, learned.batch_size, learned.length, learned.epochs) == ("adapt", 8, 40, 3)
+    assert [c.config for c in learned.configs] == SCRIPT[:3]
+    assert [(s.epoch, s.before, s.after) for s in learned.switches] == [(1, SCRIPT[0], SCRIPT[1]),
+                                                                          (2, SCRIPT[1], SCRIPT[2]),
+                                                                          (3, SCRIPT[2], SCRIPT[0])]
+    assert learned.best == SCRIPT[0]  # the scripted policy never moved its incumbent
+
+    # a policy that kept a move: the next loader, adapting or not, starts there
+    loader = autotune.dataloader(Numbers(40), path, adapt=True)
+    loader.policy.incumbent = P2
+    batches(loader, 1)
+    plain = autotune.dataloader(Numbers(40), path)
+    assert (plain.num_workers, plain.persistent_workers) == (2, True)
+    assert plain.autotune.sources["num_workers"] == "learned by an adapting run"
+    assert autotune.dataloader(Numbers(40), path, adapt=True).config == P2
+    with pytest.warns(UserWarning, match="tuned for batch_size=8"):
+        assert autotune.dataloader(Numbers(40), path, batch_size=4).num_workers == 0  # other batches: the recipe's
+    assert autotune.dataloader(Numbers(41), path).num_workers == 0  # another length
+    assert main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "    learned     adapted to num_workers=2, pin_memory=False, prefetch_factor=2,\n" in out
+    assert "persistent_workers=True over 1 epochs of batch 8, 4 switch(es);" in out  # the first run's 3 kept
+    assert "the next run starts there" in out
+
+
+def test_an_observing_run_is_recorded_but_moves_nothing_and_no_recipe_makes_one(tmp_path):
+    from autotune.recipe._file import RecipeFile
+
+    path = tmp_path / "autotune.json"
+    loader = autotune.dataloader(Numbers(40), path, batch_size=8, adapt="observe")
+    batches(loader, 2)
+    profile, = RecipeFile.read(path).profiles.values()
+    assert profile.learned.mode == "observe" and profile.learned.epochs == 2
+    assert [c.config for c in profile.learned.configs] == [loader.config] and not profile.learned.switches
+    assert autotune.dataloader(Numbers(40), path).autotune.sources["num_workers"] == "recipe"
+
+
+@pytest.mark.parametrize("learned, problem", [
+    ({"mode": "guess"}, "learned.mode must be one of adapt, observe"),
+    ({"mode": "adapt", "epochs": -1, "best": {}}, "learned.epochs must be a non-negative integer"),
+    ({"mode": "adapt", "epochs": 1, "best": {"num_workers": "many"}}, "learned.best: a profile's 'config' is invalid"),
+    ({"mode": "adapt", "epochs": 1, "best": {}, "configs": [{"config": {}, "epochs": 1, "seconds_per_batch": "nan",
+                                                              "stall": 0}]},
+     "learned.configs\\[\\].seconds_per_batch must be a non-negative number"),
+])
+def test_a_hand_edited_record_is_refused_naming_the_field(tmp_path, learned, problem):
+    import json
+
+    from autotune.recipe._file import RecipeFile
+
+    path = write_recipe(tmp_path / "autotune.json")
+    doc = json.loads(path.read_text())
+    next(iter(doc["profiles"].values()))["learned"] = learned
+    path.write_text(json.dumps(doc))
+    with pytest.raises(autotune.RecipeError, match=problem):
+        RecipeFile.read(path)

@@ -153,6 +153,8 @@ def _rows(p: Profile) -> list[tuple[str, str]]:
                else "the next search on this machine predicts from them")
         text = f"{len(p.factory_runs)} validated run(s) kept; {how}"
         rows.append(("factory", text))
+    if p.learned is not None:
+        rows.append(("learned", p.learned.describe()))
     rows.append(("created", f"{p.created or 'unknown'} by autotune {p.autotune_version}"))
     return rows
 

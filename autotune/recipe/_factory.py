@@ -28,7 +28,8 @@ from autotune.integrations._lightning import quiet_worker_warning
 from autotune.loader import FactorySite, make_loader, prepare_source
 from autotune.machine import ranks_per_node
 from autotune.process import apply_at_runtime
-from autotune.recipe._file import Profile
+from autotune.recipe._file import Profile, RecipeFile
+from autotune.recipe._learned import MOVED, record, starting_config
 from autotune.recipe._measured import Measured
 from autotune.recipe._memory_fit import fit_memory
 
@@ -151,11 +152,12 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
                  cache: str | None = FROM_RECIPE, cache_dir: str | os.PathLike[str] | None = None,
                  apply_process_settings: bool = True, progress: bool = True,
                  loader_cls: type[DataLoader[Any]] = DataLoader, adapt: bool | str = False,
-                 **overrides: Any) -> Any:
+                 learn_to: str | os.PathLike[str] | None = None, **overrides: Any) -> Any:
     """A DataLoader over ``dataset`` with the profile's settings; see the module docstring for precedence.
     ``loader_cls`` builds another DataLoader subclass with the same arguments (torchdata's StatefulDataLoader).
     ``adapt=True`` returns an ``AdaptiveLoader`` that moves the settings during the run (``_adaptive``),
-    ``adapt="observe"`` one that measures and never moves."""
+    ``adapt="observe"`` one that measures and never moves; what it learns is written to the recipe file
+    ``learn_to`` (``_learned``), and a later loader of the same batches starts from it."""
     if adapt not in (False, True, "observe"):
         raise AutotuneError(f"adapt must be True, False or 'observe', but got {adapt!r}.")
 
@@ -179,7 +181,12 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
     if profile.measured.has_transform and transform is None:
         warnings.warn("The recipe was tuned with a per-sample transform; pass transform=... so the loader "
                       "applies it after the cache, every epoch.", stacklevel=_caller_stacklevel())
-    config, res = _resolve(profile, overrides, cache)
+    length = None if stream else len(dataset)
+    learned = starting_config(profile.config, profile.learned, overrides.get("batch_size"), length)
+    config, res = _resolve(replace(profile, config=learned) if learned else profile, overrides, cache)
+    for key in MOVED if learned else ():
+        if res.sources.get(key) == "recipe" and getattr(learned, key) != getattr(profile.config, key):
+            res.sources[key] = "learned by an adapting run"
     user_init = overrides.pop("worker_init_fn", None)
     if config.cache and stream:
         raise AutotuneError(f"A stream (IterableDataset) cannot be cached (cache={config.cache!r}): a cache would "
@@ -223,7 +230,7 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
         loader.autotune = res
         return loader
 
-    loader = make(config) if not adapt else adaptive_loader(make, config, res, adapt, profile)
+    loader = make(config) if not adapt else adaptive_loader(make, config, res, adapt, profile, learn_to, length)
     if not config.num_workers and res.sources.get("num_workers") == "recipe":
         quiet_worker_warning(profile.measured.note)
     log.info("autotune DataLoader: %s", res.describe())
@@ -237,19 +244,37 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
 
 
 def adaptive_loader(make: Callable[[LoaderConfig], DataLoader[Any]], config: LoaderConfig, res: Resolution,
-                    adapt: bool | str, profile: Profile) -> Any:
-    """An ``AdaptiveLoader`` over ``make``, starting from ``config``; a setting the caller gave never moves."""
+                    adapt: bool | str, profile: Profile, learn_to: str | os.PathLike[str] | None,
+                    length: int | None) -> Any:
+    """An ``AdaptiveLoader`` over ``make``, starting from ``config``; a setting the caller gave never moves.
+    Rank 0 writes what it learns into ``profile``'s place in ``learn_to`` after every epoch."""
     import torch
 
     from autotune.machine import usable_cpus
     from autotune.recipe._adapt_policy import Policy
-    from autotune.recipe._adaptive import AdaptiveLoader, rank_sync
+    from autotune.recipe._adaptive import AdaptiveLoader, Event, rank_sync
 
     ranks = ranks_per_node()
     fixed = frozenset(k for k in TUNED_KEYS if res.sources.get(k) == "caller")
     policy = Policy(config, max_workers=usable_cpus(ranks), cuda=torch.cuda.is_available(),
                     observe=adapt == "observe", fixed=fixed)
-    loader = AdaptiveLoader(make, config, policy, sync=rank_sync())
+    sync = rank_sync()
+    mode = "observe" if adapt == "observe" else "adapt"
+    writing = [learn_to is not None and (sync is None or sync.rank == 0)]
+
+    def write_back(event: Event, loader: AdaptiveLoader) -> None:
+        if not writing[0] or learn_to is None:
+            return
+        learned = record(mode, loader.policy, loader.history.events, loader.batch_size, length,
+                         previous=profile.learned)
+        try:
+            RecipeFile.learn(learn_to, profile, learned)
+        except (OSError, AutotuneError) as exc:
+            writing[0] = False  # said once; the training goes on
+            warnings.warn(f"autotune could not write what the run learned to {learn_to}: {exc}",
+                          stacklevel=2)
+
+    loader = AdaptiveLoader(make, config, policy, sync=sync, on_epoch=write_back)
     policy.allowed = lambda candidate: loader.memory.allowed(candidate, loader.config, ranks)
     log.info("autotune adapts the loader during the run%s", " (observing only)" if adapt == "observe" else "")
     return loader

@@ -35,6 +35,7 @@ from autotune.errors import HardwareMismatch, RecipeError
 from autotune.machine import _hardware
 from autotune.recipe import _factory_runs
 from autotune.recipe._factory_runs import FactoryRun
+from autotune.recipe._learned import Learned
 from autotune.recipe._measured import Measured
 from autotune.recipe._records import DatasetRecord, RunSettings
 
@@ -89,11 +90,13 @@ class Profile:
     autotune_version: str = __version__
     # what the factory cost on this machine, from `autotune validate` (recipe/_factory_runs.py)
     factory_runs: tuple[FactoryRun, ...] = ()
+    # what an adapting run measured on this machine, where the next run starts (recipe/_learned.py)
+    learned: Learned | None = None
     # keys a newer autotune of the same format version wrote; kept so a merge does not drop them
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     _FIELDS = ("hardware", "dataset", "settings", "config", "measured", "created", "autotune_version",
-               "factory_runs")
+               "factory_runs", "learned")
 
     @property
     def fingerprint(self) -> str:
@@ -113,6 +116,9 @@ class Profile:
             if name == "factory_runs":
                 if value:  # written once a validation has measured the factory
                     out[name] = [run.to_json() for run in value]
+            elif name == "learned":
+                if value is not None:  # written once an adapting run has measured
+                    out[name] = value.to_json()
             else:
                 out[name] = (value.to_json() if isinstance(value, (LoaderConfig, Measured, DatasetRecord, RunSettings))
                              else copy.deepcopy(value))
@@ -142,6 +148,7 @@ class Profile:
             created=str(data.get("created") or ""),
             autotune_version=str(data.get("autotune_version") or "unknown"),
             factory_runs=_factory_runs.read(data.get("factory_runs")),
+            learned=Learned.from_json(data.get("learned")),
             extra={k: v for k, v in data.items() if k not in cls._FIELDS},
         )
 
@@ -359,6 +366,16 @@ class RecipeFile:
             rf.add(profile)
             rf.write(path)
         return rf
+
+    @classmethod
+    def learn(cls, path: str | os.PathLike[str], profile: Profile, learned: Learned) -> None:
+        """Store what an adapting run learned in ``profile``'s place in the file now on disk (the profile itself
+        where the file or its place is empty), atomically under the recipe's lock; the rest is kept."""
+        path = Path(path)
+        with _locked(path):
+            rf = cls.read(path) if path.exists() else cls(path=path)
+            rf.profiles.setdefault(profile.fingerprint, profile).learned = learned
+            rf.write(path)
 
     def __len__(self) -> int:
         return len(self.profiles)
