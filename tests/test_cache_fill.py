@@ -302,3 +302,22 @@ def test_a_forked_process_that_is_not_the_caches_owner_gathers_in_place():
     got = parent.recv()
     process.join()
     assert got == [default_collate([dataset[i] for i in range(4)])[0].tolist()]
+
+
+def test_the_factory_s_fill_in_workers_gathers_every_batch_in_the_training_process(tmp_path):
+    config = LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True, multiprocessing_context="fork",
+                          cache="memory", cache_fill="first_epoch")
+    profile = Profile(hardware=hardware.collect(), dataset=DatasetRecord(source="<python object>", length=37),
+                      settings=RunSettings(batch_size=4, epochs=2), config=config, measured=Measured())
+    path = tmp_path / "autotune.json"
+    RecipeFile.merge_write(path, profile)
+    dataset = Logged(tmp_path / "reads.log")
+    loader = autotune.load(path).dataloader(dataset, progress=False)
+    expected = [default_collate([dataset[i] for i in range(k, min(k + 4, 37))]) for k in range(0, 37, 4)]
+    (tmp_path / "reads.log").unlink()
+    for _ in range(2):
+        got = list(loader)
+        assert all(samples_equal(a, b) for a, b in zip(got, expected, strict=True))
+        assert not any(images.is_shared() for images, _ in got)
+    assert os.getpid() not in {pid for _, pid in dataset.reads()}
+    assert sorted(i for i, _ in dataset.reads()) == list(range(8, 37)), "each sample past the head decoded once"
