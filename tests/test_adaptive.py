@@ -252,3 +252,38 @@ def test_a_stateful_resume_carries_its_configuration_and_yields_exactly_the_rema
     assert resumed.config == P2 and resumed.loader.num_workers == 2 and resumed.policy.incumbent == P2
     assert head + batches(resumed, 1)[0] == want[1]
     assert batches(resumed, 1) == want[2:]  # and the epochs after it
+
+
+# ------------------------------------------------------------------------------ torchrun
+
+def test_two_ranks_under_torchrun_decide_together_from_the_slowest_ranks_epoch(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from autotune.machine import _hardware as hardware
+    from autotune.recipe._file import RecipeFile
+
+    config = LoaderConfig(num_workers=1, prefetch_factor=2, persistent_workers=True, multiprocessing_context="fork")
+    path = write_recipe(tmp_path / "autotune.json", hw=hardware.collect(ranks_per_node=2), config=config,
+                        batch_size=4)
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(here / "adapt_ranks.py"), str(tmp_path), str(path)], env=env, capture_output=True,
+                         text=True, timeout=150)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["configs"] == ranks[1]["configs"]  # every epoch under the same configuration
+    assert ranks[0]["decisions"] == ranks[1]["decisions"] and ranks[0]["decisions"][:2] == ["warm-up", "try"]
+    assert ranks[0]["configs"][2] != ranks[0]["configs"][1]  # the try: both switched after epoch 2
+    # one figure for both: the slowest rank's (rank 1 sleeps 4 ms a sample)
+    assert ranks[0]["seconds_per_batch"] == ranks[1]["seconds_per_batch"]
+    assert min(ranks[0]["seconds_per_batch"]) > 4 * 0.004
+    assert ranks[0]["decided"] >= 2 and ranks[1]["decided"] == 0  # configurations rank 0's policy measured
+    seen = [sorted(i for b in ranks[0]["seen"][e] + ranks[1]["seen"][e] for i in b) for e in range(4)]
+    assert seen == [list(range(64))] * 4  # each epoch's shards together: the whole dataset once
+    learned = next(iter(RecipeFile.read(path).profiles.values())).learned
+    assert learned is not None and learned.epochs == 4  # written by rank 0
