@@ -5,6 +5,7 @@ checked with optuna's FixedTrial. Seconds, not searches."""
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 import optuna
@@ -263,6 +264,34 @@ def test_a_budget_spent_before_any_trial_is_one_clear_error(tmp_path):
     with pytest.raises(AutotuneError, match="the budget ran out before it was measured"):
         search(_spec(), opts, setup=_setup(), runner=ClockedRunner())
 
+
+
+class TimesOut:
+    """Every trial times out as the runner says it (no index to name): a default that its budget cut off."""
+
+    def run(self, config, plan, *, timeout, should_prune=None, give_up_after=None, log_path=None):
+        raise TrialFailed(f"timed out after {timeout:.0f} s: a hung worker or a very slow candidate")
+
+
+def test_a_default_whose_trial_the_budget_cut_short_is_said_as_the_budget_not_a_hang(tmp_path):
+    """On be07484 a 20 s search on a loaded machine said "a hung worker or a very slow candidate" for a
+    default that had only the seconds its budget left."""
+    import time
+
+    opts = SearchOptions(budget=60.0, workdir=tmp_path, progress=False)
+    opts.started = time.monotonic() - 62.0  # preparation took the budget; the wall leaves ~13 s
+    with pytest.raises(AutotuneError) as caught:
+        search(_spec(), opts, setup=_setup(), runner=TimesOut())
+    assert re.fullmatch(r"Even the plain default \(num_workers=0, no cache\) could not be measured: timed out after "
+                        r"\d+ s: the budget ran out \(6\d\.\d\d s spent before this trial, within 60\.00 s plus "
+                        r"15\.00 s for the finalists\)\. Fix that first \(a larger --budget or --max-memory, a "
+                        r"dataset that loads in the main process\)\.", str(caught.value)), str(caught.value)
+
+
+def test_a_timeout_the_plan_set_still_says_hung(tmp_path):
+    opts = _opts(tmp_path, max_trials=1)  # 3600 s: the plan's 30 s limit, not the budget, sets the timeout
+    with pytest.raises(AutotuneError, match="timed out after 30 s: a hung worker or a very slow candidate"):
+        search(_spec(), opts, setup=_setup(), runner=TimesOut())
 
 # -- significance: synthetic measurements, the decisions they must lead to ------------------------------
 
