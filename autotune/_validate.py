@@ -43,7 +43,7 @@ import autotune
 from autotune._api import load
 from autotune.caches import dataset_key
 from autotune.caches._disk_fill import close_all
-from autotune.dataset import check_deterministic, dataset_fingerprint, load_user_file, require_map_style
+from autotune.dataset import bare_decode, check_deterministic, dataset_fingerprint, load_user_file, require_map_style
 from autotune.errors import AutotuneError, RecipeError
 from autotune.loader import DeviceConsumer
 from autotune.machine import _evict, build_workers
@@ -53,7 +53,7 @@ from autotune.recipe._file import Profile, RecipeFile, _locked
 from autotune.tuner._measure import timed_epoch
 from autotune.tuner._predict import EpochTiming, batches_in, scale_epoch
 
-__all__ = ["Validation", "bare_decode", "error_percent", "store", "validate", "validate_fresh"]
+__all__ = ["Validation", "error_percent", "store", "validate", "validate_fresh"]
 
 
 class EpochOrders(Sampler[int]):
@@ -281,41 +281,6 @@ def store(recipe_path: str | os.PathLike[str], validation: Validation) -> Path:
 # --------------------------------------------------------------------------- the user's run, in a new process
 
 _FRESH_TIMEOUT = 3600.0  # seconds; a validation that hangs is stopped, not waited for forever
-
-
-class _Discard(torch.utils.data.Dataset[Any]):
-    """``dataset[i]`` for the i a bare decode pass reads, returning nothing: the decode, no transport."""
-
-    def __init__(self, dataset: Any):
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, i: int) -> int:
-        self.dataset[i]
-        return 0
-
-
-def _none(batch: Any) -> None:
-    return None
-
-
-def bare_decode(dataset: Any, workers: int, files: set[str]) -> float:
-    """Seconds to read every ``dataset[i]`` once on ``workers`` processes (none: this one), the files evicted
-    first: the floor a cache build of the same samples on the same cores is compared with."""
-    if files:
-        _evict.evict(files)
-    start = time.perf_counter()
-    if workers:
-        loader = torch.utils.data.DataLoader(_Discard(dataset), batch_size=16, num_workers=workers,
-                                             collate_fn=_none)
-        for _ in loader:
-            pass
-    else:
-        for i in range(len(dataset)):
-            dataset[i]
-    return time.perf_counter() - start
 
 
 def _build_parts(recipe_path: str, dataset: Any, profile: Profile) -> dict[str, float]:
