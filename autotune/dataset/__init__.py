@@ -10,7 +10,15 @@ then batch gathers from memory).  See docs/architecture.md.
 from autotune.dataset._datamodule import Resolved, is_datamodule, resolve_datamodule, resolving
 from autotune.dataset._determinism import check_deterministic
 from autotune.dataset._fingerprint import dataset_fingerprint
-from autotune.dataset._floor import Floor, GatherEpochs, bare_decode, decode_once, measure_floor, rows_in_memory
+from autotune.dataset._floor import (
+    Floor,
+    GatherEpochs,
+    bare_decode,
+    decode_once,
+    epoch_gathers,
+    measure_floor,
+    rows_in_memory,
+)
 from autotune.dataset._probe import Probe, probe_dataset, probe_stream, time_step
 from autotune.dataset._statefulness import epoch_state_warning
 from autotune.dataset._stream import (
@@ -48,6 +56,7 @@ __all__ = [
     "check_sharding",
     "dataset_fingerprint",
     "decode_once",
+    "epoch_gathers",
     "epoch_state_warning",
     "first_samples",
     "guarded",
