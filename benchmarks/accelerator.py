@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cell:
         return child_main(CELLS, args.cell)
     if args.quick:
-        args.images, args.epochs, args.budget = min(args.images, 64), min(args.epochs, 2), min(args.budget, 15.0)
+        args.images, args.epochs, args.budget = min(args.images, 64), min(args.epochs, 2), min(args.budget, 30.0)
         args.compute_ms = args.compute_ms[:1] if args.compute_ms != COMPUTE_MS else [COMPUTE_MS[0]]
     repeats = args.repeats or (1 if args.quick else 2)
     work = output.workdir(args.workdir, NAME)

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cell:
         return child_main(CELLS, args.cell)
     if args.quick:
-        args.reviews, args.budget = min(args.reviews, 64), min(args.budget, 30.0)
+        args.reviews, args.budget = min(args.reviews, 64), min(args.budget, 60.0)
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # a smoke test must not wait on a loaded machine
     repeats = args.repeats or (1 if args.quick else 3)
     epochs = imdb_lstm.epochs

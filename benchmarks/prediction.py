@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     work = output.workdir(args.workdir, NAME)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     if args.quick:
-        args.budget, args.examples = min(args.budget, 15.0), ["jpeg_folder"]
+        args.budget, args.examples = min(args.budget, 30.0), ["jpeg_folder"]
         env.update(AUTOTUNE_EXAMPLE_IMAGES="64", AUTOTUNE_EXAMPLE_DIR=str(work / "data"))
     args.repeats = args.repeats or (1 if args.quick else 3)
     results = {name: one_example(name, args, work, env) for name in args.examples}

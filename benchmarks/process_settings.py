@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=60.0, help="each search's budget, seconds")
     args = p.parse_args(argv)
     if args.quick:
-        args.images, args.budget = min(args.images, 128), min(args.budget, 15.0)
+        args.images, args.budget = min(args.images, 128), min(args.budget, 30.0)
     repeats = args.repeats or (1 if args.quick else 3)
     work = output.workdir(args.workdir, NAME)
     started = time.perf_counter()

@@ -80,14 +80,23 @@ def test_a_switch_is_kept_only_beyond_the_noise_measured_in_the_run():
     noisy = Policy(W2, max_workers=4)  # chunks ±10%: 5% over 8 chunks each is within the noise
     assert [e for e, _ in run(noisy, [lambda c: obs(c, 10.0 if c == W2 else faster, spread=0.1)] * 3)] == [
         "warm-up", "try", "revert"]
-    assert noisy.noise() == pytest.approx(0.1 * math.sqrt(24 / 23))  # 3 epochs of 8 chunks
+    assert noisy.noise() == pytest.approx(0.1 * math.sqrt(16 / 15))  # 2 epochs of 8 chunks (not the warm-up)
     # the incumbent's own change between its epochs is noise too
     drifting = Policy(W2, max_workers=4)
-    seq = iter([10.0, 10.6, 10.6 * math.exp(-0.05)])  # 5% faster than an incumbent that moved 6%
-    assert [e for e, _ in run(drifting, [lambda c: obs(c, next(seq))] * 3)] == ["warm-up", "try", "revert"]
+    # after the warm-up: 10.0, a slower try, 10.6 (the incumbent moved 6%), then a try 5% faster than 10.6
+    seq = iter([10.0, 10.0, 12.0, 10.6, 10.6 * math.exp(-0.05)])
+    assert [e for e, _ in run(drifting, [lambda c: obs(c, next(seq))] * 5)] == [
+        "warm-up", "try", "revert", "try", "revert"]
     assert MIN_GAIN == 0.03
     tiny = Policy(W2, max_workers=4)  # 2% is under the least gain a switch is made for
     assert [e for e, _ in run(tiny, [lambda c: obs(c, 10.0 if c == W2 else 9.8)] * 3)][-1] == "revert"
+
+
+def test_the_warm_up_epoch_is_not_the_incumbents_figure():
+    policy = Policy(W2, max_workers=4)
+    seq = iter([40.0, 10.0, 9.0])  # a cold first epoch (a cache filling), then steady; W3 10% faster
+    assert [e for e, _ in run(policy, [lambda c: obs(c, next(seq))] * 3)] == ["warm-up", "try", "keep"]
+    assert policy.stats[W2].epochs == [0.01]
 
 
 def test_a_fresh_persistent_pools_start_up_is_paid_once_and_left_out():

@@ -26,7 +26,7 @@ _spec.loader.exec_module(run_all)
 
 # search_cost reuses article_table's search, so they share a group; the groups take about as long
 # (measured: under 7 minutes each on 2 CPUs at a load average of 9; cpu_lstm writes no JPEGs while article_table does).
-GROUPS = (("article_table", "search_cost", "cache_memory", "prediction"),
+GROUPS = (("article_table", "search_cost", "cache_memory", "prediction", "adapt"),
           ("cpu_lstm", "accelerator", "allocators", "process_settings", "cache_fill", "memory_limit", "provenance"))
 MACHINE_KEYS = {"cpu_model", "usable_cpus", "memory_bytes", "torch", "described", "fingerprint"}
 TIMEOUT = 1200  # a hang's limit; on a quiet 2-CPU machine the whole module takes a few minutes
@@ -167,6 +167,24 @@ def test_memory_limit(results):
         assert row["oom_killed"] == 0, name  # 128 JPEGs fit: nothing is killed
         assert 0 < row["au"]["median"] <= row["au_steady"]["median"] <= 1.0
         assert 0 < row["cgroup_peak_bytes"]["median"] <= case["limit_bytes"]
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(TIMEOUT)
+def test_adapt(results):
+    data = _check(results, "adapt")
+    assert set(data["scenarios"]) == {"mismatch", "competitor", "phase", "no_regret"}
+    assert data["search"]["note"] == "--quick: the usual advice, no search"
+    for name, scenario in data["scenarios"].items():
+        assert set(scenario["rows"]) == {"fixed recipe", "adapt=True", "grid best"}, name
+        assert scenario["grid"]["points"] == 2 and scenario["grid"]["best"]["total_s"] > 0
+        for row, runs in scenario["rows"].items():
+            assert len(runs) == 1 and len(runs[0]["epoch_s"]) == 4, (name, row)
+        assert [h["epoch"] for h in scenario["rows"]["adapt=True"][0]["history"]] == [0, 1, 2, 3]
+        assert scenario["rows"]["adapt=True"][0]["history"][0]["decision"] == "warm-up"
+        assert scenario["adapt_over_best"] > 0 and scenario["adapt_over_fixed"] > 0
+    no_regret = data["scenarios"]["no_regret"]
+    assert no_regret["fixed"] == no_regret["grid"]["best"]["config"]  # the recipe is the grid's best
 
 
 def _script(name):

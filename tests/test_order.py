@@ -81,3 +81,23 @@ def test_a_user_sampler_and_batch_sampler_pass_through_untouched(tmp_path):
     batches = [[3, 1], [0], [2, 4]]
     loader = autotune.dataloader(dataset, path, batch_sampler=batches)
     assert loader.batch_sampler is batches and epochs(loader, 2) == [batches, batches]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_stateful_dataloader_of_any_workers_yields_a_plain_loaders_batches(tmp_path, name):
+    """StatefulDataLoader's own samplers draw as its iterator is made, which its multi-worker iterator does
+    twice: its order depends on num_workers. The factory owns its index stream."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    path = write_recipe(tmp_path / "autotune.json", config=CONFIGS[name])
+    dataset = Numbers(37)
+    tuned_gen, plain_gen = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    tuned = autotune.dataloader(dataset, path, shuffle=True, generator=tuned_gen, loader_cls=StatefulDataLoader)
+    assert isinstance(tuned, StatefulDataLoader) and len(tuned) == 5
+    plain = DataLoader(dataset, batch_size=8, shuffle=True, generator=plain_gen)
+    assert epochs(tuned) == epochs(plain)
+    assert torch.equal(tuned_gen.get_state(), plain_gen.get_state())
+    torch.manual_seed(4)
+    got = epochs(autotune.dataloader(dataset, path, shuffle=True, loader_cls=StatefulDataLoader), 2)
+    torch.manual_seed(4)
+    assert got == epochs(DataLoader(dataset, batch_size=8, shuffle=True), 2)

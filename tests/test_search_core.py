@@ -5,6 +5,7 @@ checked with optuna's FixedTrial. Seconds, not searches."""
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 
 import optuna
@@ -263,6 +264,61 @@ def test_a_budget_spent_before_any_trial_is_one_clear_error(tmp_path):
     with pytest.raises(AutotuneError, match="the budget ran out before it was measured"):
         search(_spec(), opts, setup=_setup(), runner=ClockedRunner())
 
+
+
+
+def test_no_trial_is_started_that_could_not_run_before_the_wall(tmp_path):
+    """A trial whose limit would be under a second overruns at once and takes STOP_S more to stop: on be07484
+    a 5 s search on the JPEG example ended 18 s after its start (the promise: 10 s)."""
+    import time
+
+    from autotune.tuner._study import STOP_S
+
+    runner = FakeRunner()
+    opts = SearchOptions(budget=10.0, workdir=tmp_path, progress=False)
+    opts.started = time.monotonic() - 15.0 + STOP_S + 0.5  # the wall (10 + 5 s) leaves STOP_S + 0.5 s
+    with pytest.raises(AutotuneError, match="the budget ran out before it was measured"):
+        search(_spec(), opts, setup=_setup(), runner=runner)
+    assert runner.calls == []
+
+
+def test_the_commands_budget_runs_from_the_process_start():
+    """`time autotune search --budget 2m` sees the promise: the clock starts with the process, the
+    interpreter's and torch's imports included; main() called from Python starts it at the call."""
+    import subprocess
+    import sys
+
+    code = ("import time; time.sleep(1.5); from autotune.cli._main import process_started; "
+            "print(time.monotonic() - process_started())")
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 1.5 <= age < 60.0, age
+
+class TimesOut:
+    """Every trial times out as the runner says it (no index to name): a default that its budget cut off."""
+
+    def run(self, config, plan, *, timeout, should_prune=None, give_up_after=None, log_path=None):
+        raise TrialFailed(f"timed out after {timeout:.0f} s: a hung worker or a very slow candidate")
+
+
+def test_a_default_whose_trial_the_budget_cut_short_is_said_as_the_budget_not_a_hang(tmp_path):
+    """On be07484 a 20 s search on a loaded machine said "a hung worker or a very slow candidate" for a
+    default that had only the seconds its budget left."""
+    import time
+
+    opts = SearchOptions(budget=60.0, workdir=tmp_path, progress=False)
+    opts.started = time.monotonic() - 62.0  # preparation took the budget; the wall leaves ~13 s
+    with pytest.raises(AutotuneError) as caught:
+        search(_spec(), opts, setup=_setup(), runner=TimesOut())
+    assert re.fullmatch(r"Even the plain default \(num_workers=0, no cache\) could not be measured: timed out after "
+                        r"\d+ s: the budget ran out \(6\d\.\d\d s spent before this trial, within 60\.00 s plus "
+                        r"15\.00 s for the finalists\)\. Fix that first \(a larger --budget or --max-memory, a "
+                        r"dataset that loads in the main process\)\.", str(caught.value)), str(caught.value)
+
+
+def test_a_timeout_the_plan_set_still_says_hung(tmp_path):
+    opts = _opts(tmp_path, max_trials=1)  # 3600 s: the plan's 30 s limit, not the budget, sets the timeout
+    with pytest.raises(AutotuneError, match="timed out after 30 s: a hung worker or a very slow candidate"):
+        search(_spec(), opts, setup=_setup(), runner=TimesOut())
 
 # -- significance: synthetic measurements, the decisions they must lead to ------------------------------
 

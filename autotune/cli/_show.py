@@ -154,7 +154,9 @@ def _rows(p: Profile) -> list[tuple[str, str]]:
         text = f"{len(p.factory_runs)} validated run(s) kept; {how}"
         rows.append(("factory", text))
     if p.learned is not None:
-        rows.append(("learned", p.learned.describe()))
+        hint = ("; the search's forecast missed the real step: re-search with it as train_step to tune the cache "
+                "and threads for it too" if p.learned.mode == "adapt" and p.learned.differs_from(p.config) else "")
+        rows.append(("learned", p.learned.describe() + hint))
     rows.append(("created", f"{p.created or 'unknown'} by autotune {p.autotune_version}"))
     return rows
 

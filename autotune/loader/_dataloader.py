@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from autotune.config import LoaderConfig
-from autotune.loader._order import plain_order
+from autotune.loader._order import own_batches, plain_order
 from autotune.process import worker_init
 
 
@@ -73,6 +73,8 @@ def make_loader(dataset: Any, config: LoaderConfig, *, user_worker_init: Callabl
     elif user_worker_init is not None:
         kwargs["worker_init_fn"] = user_worker_init
     kwargs.update(passthrough)
+    if loader_cls is not DataLoader:
+        kwargs = own_batches(dataset, kwargs)  # its samplers may draw otherwise (StatefulDataLoader's do)
     if not kwargs.get("num_workers"):
         for key in ("prefetch_factor", "persistent_workers", "multiprocessing_context"):
             kwargs.pop(key, None)

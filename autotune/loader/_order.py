@@ -53,3 +53,100 @@ def plain_order(loader_cls: type[DataLoader[Any]]) -> type[DataLoader[Any]]:
                                                           "__doc__": loader_cls.__doc__})
         _CLASSES[loader_cls] = made
     return made
+
+
+class OwnedBatches:
+    """The batches a plain DataLoader would make of ``sampler`` (or of a ``RandomSampler`` drawing from
+    ``generator`` when ``shuffle``), drawn from the generator as it draws them, for a loader class whose own
+    samplers draw otherwise (StatefulDataLoader's draw the permutation when its iterator is made, which its
+    multi-worker iterator does twice, so its order depends on ``num_workers``). Each epoch's draws happen
+    at its first batch, so an iterator made and dropped draws nothing; its state (the epoch's start and the
+    batches handed out) resumes the same epoch exactly."""
+
+    def __init__(self, dataset: Any, *, batch_size: int, drop_last: bool, shuffle: bool, sampler: Any,
+                 generator: torch.Generator | None):
+        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
+        self.shuffle, self.sampler, self.generator = shuffle, sampler, generator
+
+    def __len__(self) -> int:
+        n = len(self.sampler) if self.sampler is not None else len(self.dataset)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> _EpochBatches:
+        return _EpochBatches(self)
+
+    def batches(self, seed: int | None) -> Any:
+        from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+
+        sampler = self.sampler
+        if sampler is None and self.shuffle:
+            generator = self.generator if seed is None else torch.Generator().manual_seed(seed)
+            sampler = RandomSampler(self.dataset, generator=generator)
+        elif sampler is None:
+            sampler = SequentialSampler(self.dataset)
+        return iter(BatchSampler(sampler, self.batch_size, self.drop_last))
+
+
+class _EpochBatches:
+    """One epoch of ``OwnedBatches``; Stateful (``state_dict``/``load_state_dict``) for StatefulDataLoader."""
+
+    def __init__(self, owner: OwnedBatches):
+        self.owner = owner
+        self.batches: Any = None
+        self.start: Any = None  # the generator's state at the epoch's start, or the epoch's own seed
+        self.yielded = 0
+        self.skip = 0
+
+    def __iter__(self) -> _EpochBatches:
+        return self
+
+    def _begin(self) -> None:
+        owner = self.owner
+        seed = None
+        if self.start is not None and owner.generator is not None:
+            owner.generator.set_state(self.start)  # a resumed epoch: drawn again from where it began
+        elif self.start is None and owner.generator is not None:
+            self.start = owner.generator.get_state()
+        draw_base_seed(owner.generator)
+        if owner.generator is None and owner.shuffle and owner.sampler is None:
+            # a plain RandomSampler without a generator draws its seed from torch's global one: drawn as it
+            # would be, and kept, so a resume makes the same permutation without touching the global one
+            seed = int(self.start) if self.start is not None else int(
+                torch.empty((), dtype=torch.int64).random_().item())
+            self.start = seed
+        self.batches = owner.batches(seed)
+        for _ in range(self.skip):
+            next(self.batches)
+
+    def __next__(self) -> list[int]:
+        if self.batches is None:
+            self._begin()
+        batch: list[int] = next(self.batches)
+        self.yielded += 1
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"start": self.start, "yielded": self.yielded}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.start, self.yielded, self.skip, self.batches = state["start"], state["yielded"], state["yielded"], None
+
+
+def own_batches(dataset: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the caller's batching (batch_size, shuffle, sampler, drop_last, generator) made into an
+    ``OwnedBatches`` batch sampler, the loader given a private generator for its workers' seeds; unchanged
+    where the caller chose a batch sampler or no batching."""
+    if "batch_sampler" in kwargs or kwargs.get("batch_size", 1) is None or not hasattr(dataset, "__len__"):
+        return kwargs
+    from torch.utils.data import IterableDataset
+
+    if isinstance(dataset, IterableDataset):
+        return kwargs
+    out = dict(kwargs)
+    generator = out.pop("generator", None)
+    out["batch_sampler"] = OwnedBatches(dataset, batch_size=out.pop("batch_size", 1),
+                                        drop_last=out.pop("drop_last", False), shuffle=bool(out.pop("shuffle", False)),
+                                        sampler=out.pop("sampler", None), generator=generator)
+    seed = generator.initial_seed() if generator is not None else torch.initial_seed()
+    out["generator"] = torch.Generator().manual_seed(seed)  # the workers' seeds, the caller's generator untouched
+    return out

@@ -171,16 +171,21 @@ class Policy:
         own = abs(math.log(incumbent.epochs[-1] / incumbent.epochs[-2])) if len(incumbent.epochs) > 1 else 0.0
         return max(MIN_GAIN, 2 * sigma, own)
 
+    def restart_from(self, config: LoaderConfig) -> None:
+        """Go on from ``config`` (a resumed state's): its epochs are the incumbent's, nothing is being tried."""
+        self.incumbent, self.trying = config, None
+
     # ------------------------------------------------------------------ decisions
 
     def decide(self, obs: EpochObservation) -> Decision:
         self.epochs += 1
+        if self.epochs == 1 and not self.observe:  # rule 1: its figure would be the incumbent's noise
+            self.stats.setdefault(obs.config, _Stats()).stall = obs.stall
+            return Decision(self.incumbent, "warm-up", "the first epoch warms up (files, caches, workers)")
         stats = self._record(obs)
         if self.observe:
             return Decision(obs.config, "observe", f"{obs.seconds_per_batch * 1e3:.2f} ms a batch, stall "
                                                    f"{obs.stall:.0%}: observed")
-        if self.epochs == 1:
-            return Decision(self.incumbent, "warm-up", "the first epoch warms up (files, caches, workers)")
         if self.trying is not None and obs.config == self.trying[1]:
             return self._judge(stats)
         if obs.config != self.incumbent:  # an epoch of something else (a resumed state's): measured only

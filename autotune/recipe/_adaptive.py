@@ -202,6 +202,7 @@ class AdaptiveLoader:
         config = LoaderConfig.from_json(state["autotune_config"])
         if config != self.config:
             self._switch(config)
+        self.policy.restart_from(config)
         self._loader.load_state_dict(state["loader"])
 
     def _switch(self, config: LoaderConfig) -> None:

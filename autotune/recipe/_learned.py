@@ -134,6 +134,10 @@ class Learned:
         """What was measured of ``config`` (None: nothing)."""
         return next((c for c in self.configs if c.config == config), None)
 
+    def differs_from(self, config: LoaderConfig) -> bool:
+        """Whether the run moved away from ``config`` (the searched one): the forecast missed this run's step."""
+        return any(getattr(self.best, k) != getattr(config, k) for k in MOVED)
+
     def describe(self) -> str:
         """One line for ``autotune show``."""
         best = self.figures(self.best)

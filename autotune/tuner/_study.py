@@ -40,6 +40,7 @@ from autotune.tuner._space import Space
 SEARCH_SHARE = 0.7  # of the budget; the rest re-measures the finalists interleaved
 MIN_ROUNDS = 2  # interleaved re-measurements of the finalists before their interval can be narrow enough
 MAX_ROUNDS = 8
+MIN_TRIAL_S = 1.0  # the shortest limit a trial is started with
 STOP_S = 4.0  # stopping a trial that overran: asking what it reads, SIGTERM and its grace (tuner/_runner.py)
 
 
@@ -233,7 +234,9 @@ class Search:
         while True:
             typical = statistics.median(self.durations) if self.durations else self.setup.trial_seconds * 2
             over = self.asked > 0 and self.clock.elapsed() + typical > self.opts.budget * SEARCH_SHARE
-            if over or self.repeats >= 20 or self.clock.left() <= 0:
+            # A trial is started only with time to run: one whose limit is under MIN_TRIAL_S would overrun at
+            # once, and stopping it takes STOP_S more, past the wall (a 5 s budget ended after 18 s).
+            if over or self.repeats >= 20 or self.trial_timeout(self.asked + 1) < MIN_TRIAL_S:
                 break
             if self.opts.max_trials is not None and self.asked >= self.opts.max_trials:
                 break
@@ -249,11 +252,21 @@ class Search:
                 f"{format_bytes(self.setup.shm_free or 0)} of /dev/shm free)"
             )
 
-    def trial_timeout(self) -> float:
-        """A trial's limit: the plan's, capped by the budget left (the first trial's by the wall), less what
-        stopping a trial that overruns takes."""
-        until = self.clock.budget_end if self.asked > 1 else self.clock.wall
+    def trial_timeout(self, number: int | None = None) -> float:
+        """The limit of the ``number``-th trial asked (the current one by default): the plan's, capped by the
+        budget left (the first trial's by the wall), less what stopping a trial that overruns takes."""
+        number = self.asked if number is None else number
+        until = self.clock.budget_end if number > 1 else self.clock.wall
         return max(0.0, min(self.plan.batch_timeout, self.clock.left(until) - STOP_S))
+
+    def timed_out_by_budget(self, reason: str, timeout: float, spent: float) -> str:
+        """A timeout that the budget, not the plan, set is said as such: the trial was not hung, the search
+        had spent ``spent`` seconds before it (preparing, on a loaded machine, or a budget too small)."""
+        generic = "a hung worker or a very slow candidate"
+        if timeout >= self.plan.batch_timeout - STOP_S or not reason.endswith(generic):
+            return reason  # the plan's own limit, or an index the trial is known to hang on
+        return (reason[: -len(generic)] + f"the budget ran out ({format_seconds(spent)} spent before this "
+                f"trial, {self.clock.promise()})")
 
     def run_trial(self, trial: optuna.Trial) -> None:
         """Suggest, measure and tell one trial. Every write to the trial is guarded: another search may have
@@ -297,14 +310,15 @@ class Search:
         give_up = None if best is None else 1.5 * best * len(plan.indices) / plan.length + 2.0
         log_path = str(self.log_dir / f"trial-{trial.number}.log")
         _storage.set_attr(trial, "log", log_path)
+        timeout, spent = self.trial_timeout(), self.clock.elapsed()
         try:
-            result = self.runner.run(config, plan, timeout=self.trial_timeout(), should_prune=should_prune,
+            result = self.runner.run(config, plan, timeout=timeout, should_prune=should_prune,
                                      give_up_after=give_up, log_path=log_path)
         except TrialPruned as exc:
             _storage.set_attr(trial, "reason", str(exc))
             _storage.tell(study, trial, state=optuna.trial.TrialState.PRUNED)
         except TrialFailed as exc:
-            _storage.set_attr(trial, "reason", str(exc))
+            _storage.set_attr(trial, "reason", self.timed_out_by_budget(str(exc), timeout, spent))
             _storage.tell(study, trial, state=optuna.trial.TrialState.FAIL)
         except Exception as exc:  # noqa: BLE001 - a broken trial never stops the search
             _storage.set_attr(trial, "reason", f"{type(exc).__name__}: {exc}")
@@ -345,11 +359,12 @@ class Search:
                 left = self.clock.left() - STOP_S
                 if left < min(cost.get(config.key(), typical), plan.batch_timeout):
                     continue  # it would not end before the wall: its figures so far (or the loop's) stand
+                timeout, spent = min(plan.batch_timeout, left), self.clock.elapsed()
                 try:
-                    figures[config].append(self.runner.run(config, plan, timeout=min(plan.batch_timeout, left)))
+                    figures[config].append(self.runner.run(config, plan, timeout=timeout))
                     ran = True
                 except TrialFailed as exc:  # a finalist that fails now (timeout, memory) is out, not fatal
-                    failed_finalists[config] = str(exc)
+                    failed_finalists[config] = self.timed_out_by_budget(str(exc), timeout, spent)
                 self.progress.update(f"finalists round {r + 1}")
             if not ran or (r + 1 >= MIN_ROUNDS and _settled(figures, default)):
                 break

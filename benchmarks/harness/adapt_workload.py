@@ -1,0 +1,38 @@
+"""benchmarks/adapt.py's workload, importable by a search's trial processes: a CPU-decoded dataset and
+a CPU-heavy training step that competes with the loader's workers for the cores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class Decoded(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Sample i: ``work`` rounds of numpy arithmetic on a 64x64 array seeded by i (a decode's CPU)."""
+
+    def __init__(self, n: int, work: int):
+        self.n, self.work = n, work
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        a = np.random.default_rng(i).random((64, 64), dtype=np.float32)
+        for _ in range(self.work):
+            a = np.tanh(a @ a.T * 0.01)
+        return torch.from_numpy(a), i
+
+
+def step(batch: Any, rounds: int) -> float:
+    """The training step: ``rounds`` 256x256 matmuls on torch's intra-op threads."""
+    x = torch.ones(256, 256)
+    for _ in range(rounds):
+        x = torch.tanh(x @ x * 1e-3)
+    return float(x[0, 0]) + float(batch[0].sum())
+
+
+def cheap_step(batch: Any) -> float:
+    """The proxy a recipe is searched with: one matmul."""
+    return step(batch, 1)
