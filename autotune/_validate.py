@@ -42,8 +42,17 @@ from torch.utils.data import Sampler
 import autotune
 from autotune._api import load
 from autotune.caches import dataset_key
+from autotune.caches._codec import sample_nbytes
 from autotune.caches._disk_fill import close_all
-from autotune.dataset import check_deterministic, dataset_fingerprint, load_user_file, require_map_style
+from autotune.dataset import (
+    bare_decode,
+    check_deterministic,
+    dataset_fingerprint,
+    decode_once,
+    epoch_gathers,
+    load_user_file,
+    require_map_style,
+)
 from autotune.errors import AutotuneError, RecipeError
 from autotune.loader import DeviceConsumer
 from autotune.machine import _evict, build_workers
@@ -53,7 +62,7 @@ from autotune.recipe._file import Profile, RecipeFile, _locked
 from autotune.tuner._measure import timed_epoch
 from autotune.tuner._predict import EpochTiming, batches_in, scale_epoch
 
-__all__ = ["Validation", "bare_decode", "error_percent", "store", "validate", "validate_fresh"]
+__all__ = ["Validation", "error_percent", "store", "validate", "validate_fresh"]
 
 
 class EpochOrders(Sampler[int]):
@@ -116,6 +125,12 @@ class Validation:
     process_start_seconds: float | None = None  # interpreter, imports and dataset file, before the factory
     bare_decode_seconds: float | None = None  # dataset[i] for every sample once, on the build's workers, cold
     bare_decode_workers: int | None = None
+    # This machine's floor for the run (dataset/_floor.py): every sample decoded once on the build's workers,
+    # nothing stored, plus every epoch's batch gathers of the whole dataset from memory; the whole run over it.
+    floor_decode_seconds: float | None = None
+    floor_gathers_seconds: float | None = None
+    floor_seconds: float | None = None
+    over_floor: float | None = None
     build_parts: dict[str, float] = field(default_factory=dict)  # seconds of the build's fixed steps
     cache_fill: str | None = None
     # the data the fresh process ran, as a search fingerprints it: its run is kept for that data only
@@ -224,7 +239,12 @@ def _compare(profile: Profile, on_this_machine: bool, timings: list[EpochTiming]
     if pred_total is not None and predicted.epoch_seconds is not None and epochs != (
             profile.settings.epochs or epochs):  # the same model for the epochs run
         pred_total = ((predicted.build_seconds or 0.0) + (pred_first or 0.0) + predicted.epoch_seconds * (epochs - 1))
+    floor = None
+    if extra.get("floor_decode_seconds") is not None and extra.get("floor_gathers_seconds") is not None:
+        floor = extra["floor_decode_seconds"] + extra["floor_gathers_seconds"]
     return Validation(
+        floor_seconds=floor,
+        over_floor=total / floor if floor else None,
         predicted_first_epoch_seconds=pred_first,
         measured_first_epoch_seconds=first,
         first_epoch_error_percent=error_percent(first, pred_first),
@@ -281,41 +301,6 @@ def store(recipe_path: str | os.PathLike[str], validation: Validation) -> Path:
 # --------------------------------------------------------------------------- the user's run, in a new process
 
 _FRESH_TIMEOUT = 3600.0  # seconds; a validation that hangs is stopped, not waited for forever
-
-
-class _Discard(torch.utils.data.Dataset[Any]):
-    """``dataset[i]`` for the i a bare decode pass reads, returning nothing: the decode, no transport."""
-
-    def __init__(self, dataset: Any):
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, i: int) -> int:
-        self.dataset[i]
-        return 0
-
-
-def _none(batch: Any) -> None:
-    return None
-
-
-def bare_decode(dataset: Any, workers: int, files: set[str]) -> float:
-    """Seconds to read every ``dataset[i]`` once on ``workers`` processes (none: this one), the files evicted
-    first: the floor a cache build of the same samples on the same cores is compared with."""
-    if files:
-        _evict.evict(files)
-    start = time.perf_counter()
-    if workers:
-        loader = torch.utils.data.DataLoader(_Discard(dataset), batch_size=16, num_workers=workers,
-                                             collate_fn=_none)
-        for _ in loader:
-            pass
-    else:
-        for i in range(len(dataset)):
-            dataset[i]
-    return time.perf_counter() - start
 
 
 def _build_parts(recipe_path: str, dataset: Any, profile: Profile) -> dict[str, float]:
@@ -384,7 +369,10 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
         profile = autotune.load(payload["recipe"]).profile
     parts = _build_parts(payload["recipe"], dataset, profile)
     workers = build_workers()
-    decode = bare_decode(dataset, workers, files) if profile.config.cache else None
+    decode = bare_decode(dataset, workers, files) if profile.config.cache else None  # what a build is held against
+    # The floor's decode: that pass, or, where the run read only some samples, theirs scaled to the dataset.
+    floor_decode = decode if decode is not None else decode_once(dataset, read, workers, files) * length / len(read)
+    gathers = epoch_gathers(length, sample_nbytes(dataset[0]), batch_size, payload["seed"]) * epochs
     fingerprint = dataset_fingerprint(dataset, spec.source_text)
     return {
         "timings": [asdict(t) for t in timings], "build_seconds": build_seconds, "report": report.to_dict(),
@@ -393,6 +381,7 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
                                                          else repr(v) for k, v in settings.items()},
         "full": full, "measured_batches": measured_batches, "ready_wall": ready_wall, "loaded_wall": loaded_wall,
         "build_parts": parts, "bare_decode_seconds": decode, "bare_decode_workers": workers,
+        "floor_decode_seconds": floor_decode, "floor_gathers_seconds": gathers,
         "profile_fingerprint": profile.fingerprint, "dataset_fingerprint": fingerprint, "dataset_length": length,
     }
 
@@ -455,6 +444,8 @@ def validate_fresh(recipe: Any, recipe_path: str | os.PathLike[str], target: str
                     found_by=got["found_by"], fits=got["fits"], settings=got["settings"], batch_size=batch_size,
                     seed=seed, notes=notes, fresh_process=True, process_start_seconds=got["loaded_wall"] - spawned,
                     bare_decode_seconds=got["bare_decode_seconds"], bare_decode_workers=got["bare_decode_workers"],
+                    floor_decode_seconds=got["floor_decode_seconds"],
+                    floor_gathers_seconds=got["floor_gathers_seconds"],
                     build_parts=got["build_parts"], dataset_fingerprint=got["dataset_fingerprint"],
                     dataset_length=got["dataset_length"], finish_seconds=got["finish_seconds"])
 

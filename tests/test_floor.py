@@ -15,10 +15,10 @@ import torch
 from torch.utils.data import Dataset
 
 from autotune import cli
+from autotune.dataset import Floor, GatherEpochs, measure_floor, rows_in_memory
 from autotune.dataset._userfile import UserSpec
 from autotune.diagnose._breakdown import diagnose, format_table, to_json
-from autotune.diagnose._floor import Floor, GatherEpochs, decode_workers, measure_floor, rows_in_memory
-from autotune.machine import usable_cpus
+from autotune.machine import build_workers, usable_cpus
 
 pytestmark = pytest.mark.timeout(120)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -87,7 +87,7 @@ def test_measure_floor_decodes_each_sample_once_on_every_usable_cpu(tmp_path):
     dataset = Logged(tmp_path / "data")
     indices = [3, 5, 7, 11, 13, 17]
     floor = measure_floor(dataset, indices, batch_size=4, epochs=2, files=set(dataset.paths))
-    assert floor.workers == decode_workers() == (usable_cpus() if usable_cpus() > 1 else 0)
+    assert floor.workers == build_workers() == (usable_cpus() if usable_cpus() > 1 else 0)
     assert (floor.length, floor.samples, floor.batch_size, floor.epochs) == (20, 6, 4, 2)
     assert floor.decode_seconds > 0 and floor.gather_seconds > 0
     reads = dataset.reads()
@@ -105,7 +105,7 @@ def test_diagnose_reports_the_floor_and_a_recipe_as_a_multiple_of_it(tmp_path):
     dataset = Logged(tmp_path / "data")
     spec = UserSpec(dataset=dataset, source="<Logged>", batch_size=4, epochs=3)
     m, v = diagnose(spec, samples=8, recipe=(12.5, "num_workers=2"))
-    assert m.epochs == 3 and m.floor_workers == decode_workers()
+    assert m.epochs == 3 and m.floor_workers == build_workers()
     assert m.floor == pytest.approx(m.floor_decode + m.floor_gathers) and m.floor > 0
     assert m.recipe_total == 12.5 and m.over_floor == pytest.approx(12.5 / m.floor)
     doc = to_json(m, v)["measurements"]

@@ -266,6 +266,33 @@ def test_a_budget_spent_before_any_trial_is_one_clear_error(tmp_path):
 
 
 
+
+def test_no_trial_is_started_that_could_not_run_before_the_wall(tmp_path):
+    """A trial whose limit would be under a second overruns at once and takes STOP_S more to stop: on be07484
+    a 5 s search on the JPEG example ended 18 s after its start (the promise: 10 s)."""
+    import time
+
+    from autotune.tuner._study import STOP_S
+
+    runner = FakeRunner()
+    opts = SearchOptions(budget=10.0, workdir=tmp_path, progress=False)
+    opts.started = time.monotonic() - 15.0 + STOP_S + 0.5  # the wall (10 + 5 s) leaves STOP_S + 0.5 s
+    with pytest.raises(AutotuneError, match="the budget ran out before it was measured"):
+        search(_spec(), opts, setup=_setup(), runner=runner)
+    assert runner.calls == []
+
+
+def test_the_commands_budget_runs_from_the_process_start():
+    """`time autotune search --budget 2m` sees the promise: the clock starts with the process, the
+    interpreter's and torch's imports included; main() called from Python starts it at the call."""
+    import subprocess
+    import sys
+
+    code = ("import time; time.sleep(1.5); from autotune.cli._main import process_started; "
+            "print(time.monotonic() - process_started())")
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 1.5 <= age < 60.0, age
+
 class TimesOut:
     """Every trial times out as the runner says it (no index to name): a default that its budget cut off."""
 

@@ -144,6 +144,13 @@ def test_cli_prints_and_stores(tmp_path, files, capsys):
     assert "Stored in" in out
     (profile,) = json.loads(recipe_path.read_text())["profiles"].values()
     assert "validation" in profile["measured"]
+    v = profile["measured"]["validation"]
+    # no cache: no build to hold against a bare decode, but the floor is there (decode of the samples the run
+    # read, here all 40, plus the epochs' gathers from memory)
+    assert v["bare_decode_seconds"] is None and "build vs bare decode" not in out
+    assert v["floor_decode_seconds"] > 0 and v["floor_seconds"] == pytest.approx(
+        v["floor_decode_seconds"] + v["floor_gathers_seconds"])
+    assert "this machine's floor for the run" in out and "x the floor" in out
 
 
 def test_cli_bad_input_is_one_line_exit_2(tmp_path, files, capsys):
@@ -187,6 +194,11 @@ def test_fresh_process_validation_record(tmp_path, files, capsys):
     # a bare decode pass and the child's start were timed (not left unmeasured)
     assert v.bare_decode_seconds is not None and set(v["build_parts"]) == {"recipe_load", "determinism_check"}
     assert v["process_start_seconds"] is not None and v["eviction"]["files"] == 40
+    # this machine's floor beside the run: the same bare decode plus the epochs' gathers from memory
+    assert v["floor_decode_seconds"] == v.bare_decode_seconds and v["floor_gathers_seconds"] > 0
+    assert v["floor_seconds"] == pytest.approx(v["floor_decode_seconds"] + v["floor_gathers_seconds"])
+    assert v["over_floor"] == pytest.approx(v.total.measured / v["floor_seconds"])
+    assert f"the whole run is {v['over_floor']:.2f}x the floor" in out
 
 
 def test_a_fresh_validation_keeps_what_the_factory_cost_for_the_next_search(tmp_path, files, capsys):

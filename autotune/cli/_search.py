@@ -59,8 +59,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def options_from(args: argparse.Namespace) -> SearchOptions:
-    """SearchOptions from the flags given; the others keep SearchOptions' defaults. The budget's clock starts
-    here, before the dataset file is imported (its import and first sample are the search's to pay)."""
+    """SearchOptions from the flags given; the others keep SearchOptions' defaults. The budget's clock runs
+    from the command's start (``cli/_main.process_started``; from now when main() is called from Python):
+    the imports, the dataset file's and its first sample are the search's to pay."""
     from autotune.tuner._options import SearchOptions, user_fields
 
     for flag in ("batch_size", "epochs", "samples_per_epoch"):
@@ -68,7 +69,7 @@ def options_from(args: argparse.Namespace) -> SearchOptions:
         if value is not None and value < 1:
             raise AutotuneError(f"--{flag.replace('_', '-')} must be a positive integer, but got {value}.")
     given = {f.name: getattr(args, f.name) for f in user_fields() if getattr(args, f.name, None) is not None}
-    return SearchOptions(**given, started=time.monotonic())
+    return SearchOptions(**given, started=getattr(args, "started", None) or time.monotonic())
 
 
 def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:

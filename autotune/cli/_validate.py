@@ -89,6 +89,11 @@ def summary(v: Validation, stored_in: str | None) -> str:
         lines.append(f"  build vs bare decode: {_secs(v.measured_build_seconds)} against "
                      f"{_secs(v.bare_decode_seconds)} decoding the same samples on {v.bare_decode_workers or 'no'} "
                      f"worker(s)" + (f"; fixed steps: {parts}" if parts else ""))
+    if v.floor_seconds is not None and v.over_floor is not None:
+        lines.append(f"  this machine's floor for the run: {_secs(v.floor_seconds)} (every sample decoded once on "
+                     f"{v.bare_decode_workers or 'no'} worker(s), nothing stored, {_secs(v.floor_decode_seconds)}; "
+                     f"{v.epochs_run} epoch(s) of batch gathers from memory, {_secs(v.floor_gathers_seconds)}): "
+                     f"the whole run is {v.over_floor:.2f}x the floor")
     if v.fresh_process:
         lines.append(f"  run in a fresh process from a cold start (start-up before the factory: "
                      f"{_secs(v.process_start_seconds)}, not counted)")

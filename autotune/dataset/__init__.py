@@ -3,12 +3,22 @@
 ``_userfile`` imports ``PATH[:NAME]`` and its hooks (``_datamodule`` reads a LightningDataModule);
 ``_probe`` reads a few samples (cost, size); ``_determinism`` and ``_statefulness`` decide which caches
 and which persistent workers are safe; ``_stream`` knows streams and their shards; ``_fingerprint`` is
-the dataset's identity.  See docs/architecture.md.
+the dataset's identity; ``_floor`` is this machine's floor for a run over it (one bare decode pass,
+then batch gathers from memory).  See docs/architecture.md.
 """
 
 from autotune.dataset._datamodule import Resolved, is_datamodule, resolve_datamodule, resolving
 from autotune.dataset._determinism import check_deterministic
 from autotune.dataset._fingerprint import dataset_fingerprint
+from autotune.dataset._floor import (
+    Floor,
+    GatherEpochs,
+    bare_decode,
+    decode_once,
+    epoch_gathers,
+    measure_floor,
+    rows_in_memory,
+)
 from autotune.dataset._probe import Probe, probe_dataset, probe_stream, time_step
 from autotune.dataset._statefulness import epoch_state_warning
 from autotune.dataset._stream import (
@@ -35,13 +45,18 @@ from autotune.dataset._watchdog import guarded, reading
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_EPOCHS",
+    "Floor",
+    "GatherEpochs",
     "Probe",
     "Resolved",
     "UserSpec",
+    "bare_decode",
     "check_dataset",
     "check_deterministic",
     "check_sharding",
     "dataset_fingerprint",
+    "decode_once",
+    "epoch_gathers",
     "epoch_state_warning",
     "first_samples",
     "guarded",
@@ -49,6 +64,7 @@ __all__ = [
     "is_datamodule",
     "is_stream",
     "load_user_file",
+    "measure_floor",
     "local_shard_files",
     "probe_dataset",
     "probe_stream",
@@ -57,6 +73,7 @@ __all__ = [
     "require_map_style",
     "resolve_datamodule",
     "resolving",
+    "rows_in_memory",
     "sample_key",
     "shard_count",
     "stream_length",

@@ -16,7 +16,7 @@
 6. the consumer: ``train_step`` (or the default device copy) alone, on batches already in memory;
 7. a memory-cache build of the subset against a bare decode pass of it on the same workers, files
    evicted (``autotune.diagnose._build``): what a cache build costs over decoding;
-8. this machine's floor for the whole run (``autotune.diagnose._floor``): the subset decoded once on
+8. this machine's floor for the whole run (``autotune.dataset._floor``): the subset decoded once on
    every usable CPU, nothing stored, and epochs of batch gathers from memory, scaled to the dataset;
    against a recipe's predicted run when one is given.
 
@@ -41,10 +41,9 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from autotune._units import format_bytes, format_fine
 from autotune.caches._codec import sample_nbytes
-from autotune.dataset import UserSpec, read_sample
+from autotune.dataset import Floor, UserSpec, measure_floor, read_sample
 from autotune.dataset._probe import probe_indices
 from autotune.diagnose._build import build_against_decode
-from autotune.diagnose._floor import Floor, measure_floor
 from autotune.diagnose._verdict import Breakdown, Verdict, judge
 from autotune.errors import DatasetError
 from autotune.loader import DeviceConsumer, move_to

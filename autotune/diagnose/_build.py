@@ -20,26 +20,12 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from torch.utils.data import Dataset
-
-from autotune._validate import bare_decode
 from autotune.caches import MemoryCache
-from autotune.dataset import check_deterministic
+from autotune.dataset import check_deterministic, decode_once
 from autotune.machine import _evict, build_workers, first_touch_seconds
 
 ROUNDS = 2
 _SMALL = 16  # samples in the build that measures the fixed part
-
-
-class _Subset(Dataset[Any]):
-    def __init__(self, dataset: Any, indices: list[int]):
-        self.dataset, self.indices = dataset, indices
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, k: int) -> Any:
-        return self.dataset[self.indices[k]]
 
 
 @dataclass(frozen=True)
@@ -82,7 +68,7 @@ def build_against_decode(dataset: Any, indices: list[int], files: set[str], *, w
             _evict.evict(files)
         seconds, nbytes = _build(dataset, indices, workers)
         builds.append(seconds)
-        decodes.append(bare_decode(_Subset(dataset, indices), workers, files))
+        decodes.append(decode_once(dataset, indices, workers, files))
         touches.append(first_touch_seconds(nbytes, workers))
     if files:
         _evict.evict(files)

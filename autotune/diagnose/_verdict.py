@@ -86,7 +86,7 @@ class Breakdown:
     build_workers: int | None = None
     build_first_touch: float | None = None  # writing the cache's bytes into fresh memory once, same workers
     build_bytes: int | None = None  # what the subset's memory cache holds
-    # This machine's floor for the whole run (autotune/diagnose/_floor.py): every sample decoded once on
+    # This machine's floor for the whole run (autotune/dataset/_floor.py): every sample decoded once on
     # ``floor_workers`` processes, nothing stored, plus ``epochs`` epochs of batch gathers from memory,
     # measured on the subset and scaled to ``length``; None when it was not measured.
     epochs: int = 1

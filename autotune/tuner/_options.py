@@ -32,7 +32,7 @@ def _user(help: str, flag: str | None = None) -> dict[str, Any]:
 @dataclass
 class SearchOptions:
     budget: float = field(default=120.0, metadata=_user(
-        "time budget of the search, e.g. 90s, 2m, 1h, from the dataset file's import on; the finalists' "
+        "time budget of the search, e.g. 90s, 2m, 1h, from the command's start on; the finalists' "
         f"re-measurement may add {FINALISTS_SHARE * 100:.0f}%% of it (at least {FINALISTS_MIN_S:.0f} s), then the "
         "search returns"))
     workdir: Path = field(default=Path(".autotune"), metadata=_user("where studies, logs and trial caches live"))
@@ -60,7 +60,7 @@ class SearchOptions:
     # what the factory cost, by hardware fingerprint: the recipe file's factory_runs (recipe/_factory_runs.py)
     factory_runs: dict[str, tuple[FactoryRun, ...]] = field(default_factory=dict)
     # when the budget's clock started (time.monotonic()); None: when the search starts. The command line
-    # starts it before the dataset file is imported.
+    # starts it at the process's start (cli/_search.py), before torch and the dataset file are imported.
     started: float | None = None
 
     def __post_init__(self) -> None:

@@ -40,6 +40,7 @@ from autotune.tuner._space import Space
 SEARCH_SHARE = 0.7  # of the budget; the rest re-measures the finalists interleaved
 MIN_ROUNDS = 2  # interleaved re-measurements of the finalists before their interval can be narrow enough
 MAX_ROUNDS = 8
+MIN_TRIAL_S = 1.0  # the shortest limit a trial is started with
 STOP_S = 4.0  # stopping a trial that overran: asking what it reads, SIGTERM and its grace (tuner/_runner.py)
 
 
@@ -233,7 +234,9 @@ class Search:
         while True:
             typical = statistics.median(self.durations) if self.durations else self.setup.trial_seconds * 2
             over = self.asked > 0 and self.clock.elapsed() + typical > self.opts.budget * SEARCH_SHARE
-            if over or self.repeats >= 20 or self.clock.left() <= 0:
+            # A trial is started only with time to run: one whose limit is under MIN_TRIAL_S would overrun at
+            # once, and stopping it takes STOP_S more, past the wall (a 5 s budget ended after 18 s).
+            if over or self.repeats >= 20 or self.trial_timeout(self.asked + 1) < MIN_TRIAL_S:
                 break
             if self.opts.max_trials is not None and self.asked >= self.opts.max_trials:
                 break
@@ -249,10 +252,11 @@ class Search:
                 f"{format_bytes(self.setup.shm_free or 0)} of /dev/shm free)"
             )
 
-    def trial_timeout(self) -> float:
-        """A trial's limit: the plan's, capped by the budget left (the first trial's by the wall), less what
-        stopping a trial that overruns takes."""
-        until = self.clock.budget_end if self.asked > 1 else self.clock.wall
+    def trial_timeout(self, number: int | None = None) -> float:
+        """The limit of the ``number``-th trial asked (the current one by default): the plan's, capped by the
+        budget left (the first trial's by the wall), less what stopping a trial that overruns takes."""
+        number = self.asked if number is None else number
+        until = self.clock.budget_end if number > 1 else self.clock.wall
         return max(0.0, min(self.plan.batch_timeout, self.clock.left(until) - STOP_S))
 
     def timed_out_by_budget(self, reason: str, timeout: float, spent: float) -> str:

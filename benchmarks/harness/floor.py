@@ -1,4 +1,4 @@
-"""This machine's floor for a dataset, as a row of a benchmark (``autotune/diagnose/_floor.py``).
+"""This machine's floor for a dataset, as a row of a benchmark (``autotune/dataset/_floor.py``).
 
 ``floor_setup`` is a cell like any other, run in a fresh process and interleaved with the rows it is
 compared with: its setup is every sample decoded once on every usable CPU in fresh worker processes,
@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.caches._codec import sample_nbytes
-from autotune.diagnose._floor import GatherEpochs, decode_once, decode_workers, rows_in_memory
+from autotune.dataset import GatherEpochs, decode_once, rows_in_memory
 from autotune.loader import DeviceConsumer
+from autotune.machine import build_workers
 from harness import SEED
 from harness.child import Setup
 
@@ -24,7 +25,7 @@ def floor_setup(dataset: Any, files: set[str], batch_size: int) -> Setup:
     """The floor of ``dataset``'s run as a ``Setup``: decode once (timed as setup), then gathers (the epochs)."""
     n = len(dataset)
     rows = rows_in_memory(n, sample_nbytes(dataset[0]))  # outside the clock: the samples as if held
-    workers = decode_workers()
+    workers = build_workers()
     setup = Setup(files, lambda: None)  # type: ignore[arg-type,return-value]
 
     def prepare() -> tuple[GatherEpochs, DeviceConsumer]:

@@ -8,8 +8,10 @@ floor is their sum: ``decode + epochs x gathers``. Every other figure (a recipe'
 loader) is reported as a ratio to it, so a user sees how far from the physical limit it is.
 
 A subset's floor is scaled to the whole dataset: the decode pass and each epoch's gathers grow with
-the samples (``Floor.scale``). ``autotune diagnose`` measures it on its subset; the benchmarks measure
-it whole, in a fresh process, interleaved with the rows they compare with it.
+the samples (``Floor.scale``). ``autotune diagnose`` measures it on its subset, ``autotune validate``
+beside the recipe's run in its fresh process; the benchmarks measure it whole, in a fresh process,
+interleaved with the rows they compare with it. ``bare_decode`` is also what a cache build is held
+against (``diagnose._build``, ``_validate``): the same decode, on the same processes, keeping nothing.
 """
 
 from __future__ import annotations
@@ -25,9 +27,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from autotune._validate import bare_decode
 from autotune.caches._codec import sample_nbytes
-from autotune.machine import usable_cpus
+from autotune.machine import _evict, build_workers
 
 GATHER_EPOCHS = 3  # epochs of gathers timed by ``measure_floor``; their median is kept
 
@@ -41,7 +42,7 @@ class Floor:
     samples: int
     batch_size: int
     epochs: int
-    workers: int  # processes the decode ran on (0: this one, where one CPU is usable)
+    workers: int  # processes the decode ran on (``machine.build_workers``: every usable CPU, 0 on one)
     decode_seconds: float  # every measured sample decoded once on ``workers`` processes, nothing stored
     gather_seconds: float  # one epoch of batch gathers of the measured samples from memory
 
@@ -72,10 +73,39 @@ class Floor:
                 "total": self.total}
 
 
-def decode_workers() -> int:
-    """The processes a floor's decode runs on: every usable CPU, or this process alone where there is one."""
-    cpus = usable_cpus()
-    return cpus if cpus > 1 else 0
+class _Discard(Dataset[Any]):
+    """``dataset[i]`` for the i a bare decode pass reads, returning nothing: the decode, no transport."""
+
+    def __init__(self, dataset: Any):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> int:
+        self.dataset[i]
+        return 0
+
+
+def _none(batch: Any) -> None:
+    return None
+
+
+def bare_decode(dataset: Any, workers: int, files: set[str]) -> float:
+    """Seconds to read every ``dataset[i]`` once on ``workers`` fresh processes (none: this one), keeping
+    nothing, the files evicted first."""
+    if files:
+        _evict.evict(files)
+    start = time.perf_counter()
+    if workers:
+        loader = torch.utils.data.DataLoader(_Discard(dataset), batch_size=16, num_workers=workers,
+                                             collate_fn=_none)
+        for _ in loader:
+            pass
+    else:
+        for i in range(len(dataset)):
+            dataset[i]
+    return time.perf_counter() - start
 
 
 class _Subset(Dataset[Any]):
@@ -142,18 +172,28 @@ def gather_epoch_seconds(epochs: GatherEpochs) -> float:
     return time.perf_counter() - start
 
 
+GATHER_BYTES = 256 << 20  # rows held to time gathers over a dataset larger than this (scaled to it)
+
+
+def epoch_gathers(count: int, nbytes: int, batch_size: int, seed: int = 0) -> float:
+    """Seconds of one epoch of batch gathers over ``count`` samples of ``nbytes`` from memory: the median
+    of ``GATHER_EPOCHS`` epochs over at most ``GATHER_BYTES`` of rows, scaled to ``count``."""
+    held = max(1, min(count, max(batch_size, GATHER_BYTES // max(1, nbytes))))
+    gathers = GatherEpochs(rows_in_memory(held, nbytes), batch_size, seed)
+    return statistics.median(gather_epoch_seconds(gathers) for _ in range(GATHER_EPOCHS)) * count / held
+
+
 def measure_floor(dataset: Any, indices: Sequence[int], *, batch_size: int, epochs: int,
                   files: set[str] | None = None, workers: int | None = None, seed: int = 0) -> Floor:
     """The floor of ``epochs`` epochs over the whole ``dataset``, measured on ``indices`` (see the module):
-    one decode pass of them on ``workers`` (default ``decode_workers()``) fresh processes, the files
-    evicted first, then the median of ``GATHER_EPOCHS`` epochs of their batch gathers from memory."""
+    one decode pass of them on ``workers`` (default ``machine.build_workers()``) fresh processes, the files
+    evicted first, then their batch gathers from memory (``epoch_gathers``)."""
     indices = list(indices)
     if not indices:
         raise ValueError("The floor needs at least one sample, but got 0 indices.")
-    workers = decode_workers() if workers is None else workers
+    workers = build_workers() if workers is None else workers
     nbytes = sample_nbytes(dataset[indices[0]])
     decode = decode_once(dataset, indices, workers, files)
-    gathers = GatherEpochs(rows_in_memory(len(indices), nbytes), batch_size, seed)
-    gather = statistics.median(gather_epoch_seconds(gathers) for _ in range(GATHER_EPOCHS))
+    gather = epoch_gathers(len(indices), nbytes, batch_size, seed)
     return Floor(length=len(dataset), samples=len(indices), batch_size=batch_size, epochs=epochs, workers=workers,
                  decode_seconds=decode, gather_seconds=gather)
