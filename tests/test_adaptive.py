@@ -253,6 +253,10 @@ def test_a_stateful_resume_carries_its_configuration_and_yields_exactly_the_rema
     assert resumed.config == P2 and resumed.loader.num_workers == 2 and resumed.policy.incumbent == P2
     assert head + batches(resumed, 1)[0] == want[1]
     assert batches(resumed, 1) == want[2:]  # and the epochs after it
+    from autotune.recipe._file import RecipeFile
+
+    learned = next(iter(RecipeFile.read(path).profiles.values())).learned
+    assert (learned.batch_size, learned.length) == (8, 40)  # the caller's batches, though the loader's are owned
 
 
 # ------------------------------------------------------------------------------ torchrun
@@ -288,3 +292,19 @@ def test_two_ranks_under_torchrun_decide_together_from_the_slowest_ranks_epoch(t
     assert seen == [list(range(64))] * 4  # each epoch's shards together: the whole dataset once
     learned = next(iter(RecipeFile.read(path).profiles.values())).learned
     assert learned is not None and learned.epochs == 4  # written by rank 0
+
+
+def test_a_move_must_fit_dev_shm_and_the_jobs_memory_budget():
+    from autotune.machine import job_memory, shm_free
+    from autotune.recipe._adaptive import Memory
+
+    more = P2.refit(num_workers=3)
+    free = shm_free()
+    if free is not None:
+        why = Memory(batch_bytes=free // 4).allowed(more, P2)  # 3 x 2 in flight + 2 held: over the free space
+        assert why is not None and why.startswith("needs ~") and "of /dev/shm for 3 workers x prefetch 2" in why
+    assert Memory(batch_bytes=1, per_worker_bytes=1 << 20).allowed(more, P2) is None
+    huge = job_memory().available  # one more worker of all the job may take: over 70% of it
+    why = Memory(batch_bytes=1, per_worker_bytes=huge).allowed(more, P2)
+    assert why is not None and why.startswith(f"needs {huge + 2} more bytes, over the memory budget of")
+    assert Memory(batch_bytes=1, per_worker_bytes=huge).allowed(P2.refit(num_workers=1), P2) is None  # fewer: fine

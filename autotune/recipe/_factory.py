@@ -230,7 +230,8 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
         loader.autotune = res
         return loader
 
-    loader = make(config) if not adapt else adaptive_loader(make, config, res, adapt, profile, learn_to, length)
+    loader = make(config) if not adapt else adaptive_loader(make, config, res, adapt, profile, learn_to,
+                                                            length, overrides.get("batch_size"))
     if not config.num_workers and res.sources.get("num_workers") == "recipe":
         quiet_worker_warning(profile.measured.note)
     log.info("autotune DataLoader: %s", res.describe())
@@ -245,7 +246,7 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
 
 def adaptive_loader(make: Callable[[LoaderConfig], DataLoader[Any]], config: LoaderConfig, res: Resolution,
                     adapt: bool | str, profile: Profile, learn_to: str | os.PathLike[str] | None,
-                    length: int | None) -> Any:
+                    length: int | None, batch_size: int | None) -> Any:
     """An ``AdaptiveLoader`` over ``make``, starting from ``config``; a setting the caller gave never moves.
     Rank 0 writes what it learns into ``profile``'s place in ``learn_to`` after every epoch."""
     import torch
@@ -265,7 +266,7 @@ def adaptive_loader(make: Callable[[LoaderConfig], DataLoader[Any]], config: Loa
     def write_back(event: Event, loader: AdaptiveLoader) -> None:
         if not writing[0] or learn_to is None:
             return
-        learned = record(mode, loader.policy, loader.history.events, loader.batch_size, length,
+        learned = record(mode, loader.policy, loader.history.events, batch_size, length,
                          previous=profile.learned)
         try:
             RecipeFile.learn(learn_to, profile, learned)
