@@ -83,6 +83,16 @@ def test_the_gathers_give_every_row_once_an_epoch_into_one_reused_buffer():
     assert orders[0] == expected, "the order is the seeded one a shuffled loader draws"
 
 
+def test_gathers_over_a_large_dataset_are_timed_on_rows_that_fit_and_scaled():
+    from autotune.dataset._floor import GATHER_BYTES, held_rows
+
+    assert held_rows(100, 1024, 8) == 100  # all of them fit
+    row = 602_112  # a 3x224x224 float image
+    assert held_rows(2000, row, 64) == GATHER_BYTES // row == 445
+    assert held_rows(10, GATHER_BYTES, 4) == 4, "at least a batch"
+    assert held_rows(3, GATHER_BYTES, 64) == 3
+
+
 def test_measure_floor_decodes_each_sample_once_on_every_usable_cpu(tmp_path):
     dataset = Logged(tmp_path / "data")
     indices = [3, 5, 7, 11, 13, 17]

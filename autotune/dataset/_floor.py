@@ -30,7 +30,8 @@ from torch.utils.data import Dataset
 from autotune.caches._codec import sample_nbytes
 from autotune.machine import _evict, build_workers
 
-GATHER_EPOCHS = 3  # epochs of gathers timed by ``measure_floor``; their median is kept
+GATHER_EPOCHS = 3  # epochs of gathers timed (``epoch_gathers``); their median is kept
+GATHER_BYTES = 256 << 20  # the most rows held to time gathers over; a larger dataset's are scaled from them
 
 
 @dataclass(frozen=True)
@@ -172,13 +173,16 @@ def gather_epoch_seconds(epochs: GatherEpochs) -> float:
     return time.perf_counter() - start
 
 
-GATHER_BYTES = 256 << 20  # rows held to time gathers over a dataset larger than this (scaled to it)
+def held_rows(count: int, nbytes: int, batch_size: int) -> int:
+    """Rows ``epoch_gathers`` holds for ``count`` samples of ``nbytes``: all of them, or as many as fit
+    ``GATHER_BYTES`` (at least a batch)."""
+    return max(1, min(count, max(batch_size, GATHER_BYTES // max(1, nbytes))))
 
 
 def epoch_gathers(count: int, nbytes: int, batch_size: int, seed: int = 0) -> float:
     """Seconds of one epoch of batch gathers over ``count`` samples of ``nbytes`` from memory: the median
-    of ``GATHER_EPOCHS`` epochs over at most ``GATHER_BYTES`` of rows, scaled to ``count``."""
-    held = max(1, min(count, max(batch_size, GATHER_BYTES // max(1, nbytes))))
+    of ``GATHER_EPOCHS`` epochs over ``held_rows`` of them, scaled to ``count``."""
+    held = held_rows(count, nbytes, batch_size)
     gathers = GatherEpochs(rows_in_memory(held, nbytes), batch_size, seed)
     return statistics.median(gather_epoch_seconds(gathers) for _ in range(GATHER_EPOCHS)) * count / held
 
