@@ -117,6 +117,7 @@ def test_diagnose_reports_the_floor_and_a_recipe_as_a_multiple_of_it(tmp_path):
     m, v = diagnose(spec, samples=8, recipe=(12.5, "num_workers=2"))
     assert m.epochs == 3 and m.floor_workers == build_workers()
     assert m.floor == pytest.approx(m.floor_decode + m.floor_gathers) and m.floor > 0
+    assert m.floor_decode == pytest.approx(m.bare_decode * 20 / 8), "the build comparison's decode, scaled"
     assert m.recipe_total == 12.5 and m.over_floor == pytest.approx(12.5 / m.floor)
     doc = to_json(m, v)["measurements"]
     assert {"epochs", "floor", "floor_decode", "floor_gathers", "floor_workers", "recipe_total", "recipe_config",

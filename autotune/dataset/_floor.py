@@ -188,16 +188,18 @@ def epoch_gathers(count: int, nbytes: int, batch_size: int, seed: int = 0) -> fl
 
 
 def measure_floor(dataset: Any, indices: Sequence[int], *, batch_size: int, epochs: int,
-                  files: set[str] | None = None, workers: int | None = None, seed: int = 0) -> Floor:
+                  files: set[str] | None = None, workers: int | None = None, seed: int = 0,
+                  decoded: float | None = None) -> Floor:
     """The floor of ``epochs`` epochs over the whole ``dataset``, measured on ``indices`` (see the module):
     one decode pass of them on ``workers`` (default ``machine.build_workers()``) fresh processes, the files
-    evicted first, then their batch gathers from memory (``epoch_gathers``)."""
+    evicted first (``decoded``: that pass's seconds, already timed), then their batch gathers from
+    memory (``epoch_gathers``)."""
     indices = list(indices)
     if not indices:
         raise ValueError("The floor needs at least one sample, but got 0 indices.")
     workers = build_workers() if workers is None else workers
     nbytes = sample_nbytes(dataset[indices[0]])
-    decode = decode_once(dataset, indices, workers, files)
+    decode = decode_once(dataset, indices, workers, files) if decoded is None else decoded
     gather = epoch_gathers(len(indices), nbytes, batch_size, seed)
     return Floor(length=len(dataset), samples=len(indices), batch_size=batch_size, epochs=epochs, workers=workers,
                  decode_seconds=decode, gather_seconds=gather)
