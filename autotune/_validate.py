@@ -44,6 +44,7 @@ from autotune._api import load
 from autotune.caches import dataset_key
 from autotune.caches._codec import sample_nbytes
 from autotune.caches._disk_fill import close_all
+from autotune.caches._memory import _HEAD as SCHEMA_HEAD
 from autotune.dataset import (
     bare_decode,
     check_deterministic,
@@ -320,7 +321,24 @@ def _build_parts(recipe_path: str, dataset: Any, profile: Profile) -> dict[str, 
             start = time.perf_counter()
             dataset_key(dataset)
             parts["cache_key"] = time.perf_counter() - start
+        else:  # the samples a memory cache reads in this process to fix its schema, before any worker
+            start = time.perf_counter()
+            for i in range(min(SCHEMA_HEAD, len(dataset))):
+                dataset[i]
+            parts["schema_head"] = time.perf_counter() - start
+    if profile.config.num_workers:
+        parts["worker_start"] = _worker_start(profile.config.num_workers, profile.config.multiprocessing_context)
     return parts
+
+
+def _worker_start(workers: int, context: str | None) -> float:
+    """Seconds for ``workers`` DataLoader workers of ``context`` to start from this process and hand back
+    one trivial item each: what starting the recipe's workers costs, its samples apart."""
+    items = torch.utils.data.TensorDataset(torch.arange(workers))
+    start = time.perf_counter()
+    for _ in torch.utils.data.DataLoader(items, batch_size=1, num_workers=workers, multiprocessing_context=context):
+        pass
+    return time.perf_counter() - start
 
 
 def _child(payload: dict[str, Any]) -> dict[str, Any]:

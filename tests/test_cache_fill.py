@@ -322,15 +322,3 @@ def test_the_factory_s_fill_in_workers_gathers_every_batch_in_the_training_proce
     assert os.getpid() not in {pid for _, pid in dataset.reads()}
     assert sorted(i for i, _ in dataset.reads()) == list(range(8, 37)), "each sample past the head decoded once"
 
-
-def test_the_search_measures_the_fill_in_workers_against_the_same_cache_built_first():
-    from autotune.tuner._study import _priors
-
-    space = Space(max_workers=2, caches=(None, "memory", "pickle"), cache_fills=("build", "first_epoch"),
-                  allocators=("glibc", "glibc-tuned"))
-    priors = _priors(space, space.default())
-    built = LoaderConfig(cache="memory", allocator="glibc-tuned")
-    filled = LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True, multiprocessing_context="fork",
-                          cache="memory", cache_fill="first_epoch", allocator="glibc-tuned")
-    assert built in priors and filled in priors, "both measured before the sampler explores; the faster wins"
-    assert all(space.params_for(p) for p in priors)  # each a point of the space the study can enqueue

@@ -83,6 +83,16 @@ def test_the_gathers_give_every_row_once_an_epoch_into_one_reused_buffer():
     assert orders[0] == expected, "the order is the seeded one a shuffled loader draws"
 
 
+def test_gathers_over_a_large_dataset_are_timed_on_rows_that_fit_and_scaled():
+    from autotune.dataset._floor import GATHER_BYTES, held_rows
+
+    assert held_rows(100, 1024, 8) == 100  # all of them fit
+    row = 602_112  # a 3x224x224 float image
+    assert held_rows(2000, row, 64) == GATHER_BYTES // row == 445
+    assert held_rows(10, GATHER_BYTES, 4) == 4, "at least a batch"
+    assert held_rows(3, GATHER_BYTES, 64) == 3
+
+
 def test_measure_floor_decodes_each_sample_once_on_every_usable_cpu(tmp_path):
     dataset = Logged(tmp_path / "data")
     indices = [3, 5, 7, 11, 13, 17]
@@ -107,6 +117,7 @@ def test_diagnose_reports_the_floor_and_a_recipe_as_a_multiple_of_it(tmp_path):
     m, v = diagnose(spec, samples=8, recipe=(12.5, "num_workers=2"))
     assert m.epochs == 3 and m.floor_workers == build_workers()
     assert m.floor == pytest.approx(m.floor_decode + m.floor_gathers) and m.floor > 0
+    assert m.floor_decode == pytest.approx(m.bare_decode * 20 / 8), "the build comparison's decode, scaled"
     assert m.recipe_total == 12.5 and m.over_floor == pytest.approx(12.5 / m.floor)
     doc = to_json(m, v)["measurements"]
     assert {"epochs", "floor", "floor_decode", "floor_gathers", "floor_workers", "recipe_total", "recipe_config",

@@ -351,3 +351,20 @@ def test_the_factory_fits_a_recipe_tuned_with_more_memory(tmp_path, recwarn):
     assert len(lines) == 1 and "the recipe adds ~" in lines[0] and "leaves" in lines[0]
     share = loader.autotune.settings["cache_share"]
     assert loader.autotune.settings["cache"] is None or share * (1 << 22) * 4 * MIB < hardware.collect_memory_bytes()
+
+
+def test_a_head_the_first_epoch_fills_is_decoded_into_by_the_workers_and_gathered_here():
+    dataset = Numeric()
+    cache = build_partial(dataset, 14, fill="first_epoch", progress=False)
+    data, collate = partial_source(cache, None, None)
+    batches = [[9, 10, 11, 12], [12, 13, 14, 20], list(range(9))]  # all in the head, mixed, all in the head
+    loader = DataLoader(data, batch_sampler=batches, num_workers=2, collate_fn=collate,
+                        multiprocessing_context="fork", persistent_workers=True)
+    for _ in range(2):
+        got = list(loader)
+        for batch, indices in zip(got, batches, strict=True):
+            assert samples_equal(batch, default_collate([dataset[i] for i in indices])), indices
+        in_head = [got[0], got[2]]
+        assert not any(images.is_shared() for images, _ in in_head), "gathered here, not sent as a batch"
+        assert got[1][0].is_shared(), "a mixed batch still comes from a worker's collate"
+    assert cache.head.filled.all(), "the workers decoded the head's samples into it"

@@ -192,7 +192,8 @@ def test_fresh_process_validation_record(tmp_path, files, capsys):
     assert v.total.error_percent == pytest.approx((v.total.measured - 3.0) / 3.0 * 100)
     assert v["total_error_percent"] == pytest.approx(v.total.error_percent)
     # a bare decode pass and the child's start were timed (not left unmeasured)
-    assert v.bare_decode_seconds is not None and set(v["build_parts"]) == {"recipe_load", "determinism_check"}
+    assert v.bare_decode_seconds is not None
+    assert set(v["build_parts"]) == {"recipe_load", "determinism_check", "schema_head"}  # no workers to start
     assert v["process_start_seconds"] is not None and v["eviction"]["files"] == 40
     # this machine's floor beside the run: the same bare decode plus the epochs' gathers from memory
     assert v["floor_decode_seconds"] == v.bare_decode_seconds and v["floor_gathers_seconds"] > 0
@@ -243,6 +244,9 @@ def test_a_disk_cache_filled_by_the_first_epoch_is_validated_with_its_commit(tmp
     out = capsys.readouterr().out
     v = autotune.load(recipe_path).measured.validation
     assert v.cache_fill == "first_epoch" and v["loader"]["cache"] == "pickle" and v["loader"]["cache_fill"] == "first_epoch"
+    # the fixed steps a disk cache pays, and the recipe's two workers' start-up, each timed
+    assert set(v["build_parts"]) == {"recipe_load", "determinism_check", "cache_key", "worker_start"}
+    assert v["build_parts"]["worker_start"] > 0 and "worker_start" in out
     assert v.total.measured == pytest.approx(
         v.build.measured + v.first_epoch.measured + v.epoch.measured + v["finish_seconds"])
     assert "whole run, 2 epochs" in out

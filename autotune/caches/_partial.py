@@ -9,7 +9,8 @@ use, so nearly every read misses, while MinIO hits on the cached share of every 
 Position p holds ``dataset[indices[p]]``; the first ``len(head)`` positions are the head's (a memory cache
 built before training, or filled by the first epoch), the others read the source. So every sample is
 exactly ``dataset[i]``. A batch all of whose samples are in the head is gathered from its columns in one
-fancy-index per column (``caches._gather``); a batch that mixes cached and uncached positions is read
+fancy-index per column (``caches._gather``), a head the first epoch fills as ``caches._fill`` reads it
+(its workers decode into it, the training process gathers); a batch that mixes cached and uncached positions is read
 sample by sample and collated by the caller's collate function (default_collate for a gathered loader),
 which gives the same batch.
 """
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from autotune.caches._fill import FirstEpochCache
+from autotune.caches._fill import FirstEpochCache, GatheringFill
 from autotune.caches._gather import Gathered, _batch_leaf, _collated, _leaf_gatherable, can_gather
 from autotune.caches._memory import MemoryCache
 
@@ -74,6 +75,7 @@ class GatheringPartial(Dataset[Any]):
         else:
             self.gatherable = not head.schema.has_blob_leaves and all(
                 _leaf_gatherable(leaf) for leaf in head.schema.leaves)
+            self._fill = GatheringFill(head)
 
     def __len__(self) -> int:
         return len(self.cache)
@@ -86,13 +88,11 @@ class GatheringPartial(Dataset[Any]):
         idx = np.asarray(positions, dtype=np.int64)
         if self.gatherable and len(idx) and int(idx.max()) < cache.cached and int(idx.min()) >= 0:
             head = cache.head
-            ready = True
-            if isinstance(head, FirstEpochCache):
-                ready = head.attached and bool(head.filled[idx].all())
-            if ready:
-                values = iter([_batch_leaf(leaf, column[idx]) for leaf, column in zip(head.schema.columns,
-                                                                                       head.columns)])
-                return Gathered(_collated(head.schema.tree, values))
+            if isinstance(head, FirstEpochCache):  # the head's positions are the cache's: read as a fill is
+                return self._fill.__getitems__(positions)
+            values = iter([_batch_leaf(leaf, column[idx]) for leaf, column in zip(head.schema.columns,
+                                                                                   head.columns)])
+            return Gathered(_collated(head.schema.tree, values))
         return [cache[p] for p in positions]
 
 

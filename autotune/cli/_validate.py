@@ -85,10 +85,12 @@ def summary(v: Validation, stored_in: str | None) -> str:
         lines.append(f"  the whole run includes {_secs(v.finish_seconds)} waited for at its end: the cache filled "
                      "during the first epoch, written before the process could exit")
     if v.bare_decode_seconds is not None:
-        parts = ", ".join(f"{k} {_secs(val)}" for k, val in v.build_parts.items())
         lines.append(f"  build vs bare decode: {_secs(v.measured_build_seconds)} against "
                      f"{_secs(v.bare_decode_seconds)} decoding the same samples on {v.bare_decode_workers or 'no'} "
-                     f"worker(s)" + (f"; fixed steps: {parts}" if parts else ""))
+                     "worker(s)")
+    if v.build_parts:
+        parts = ", ".join(f"{k} {_secs(val)}" for k, val in v.build_parts.items())
+        lines.append(f"  fixed steps, paid once (timed again after the run): {parts}")
     if v.floor_seconds is not None and v.over_floor is not None:
         lines.append(f"  this machine's floor for the run: {_secs(v.floor_seconds)} (every sample decoded once on "
                      f"{v.bare_decode_workers or 'no'} worker(s), nothing stored, {_secs(v.floor_decode_seconds)}; "

@@ -30,7 +30,8 @@ from torch.utils.data import Dataset
 from autotune.caches._codec import sample_nbytes
 from autotune.machine import _evict, build_workers
 
-GATHER_EPOCHS = 3  # epochs of gathers timed by ``measure_floor``; their median is kept
+GATHER_EPOCHS = 3  # epochs of gathers timed (``epoch_gathers``); their median is kept
+GATHER_BYTES = 256 << 20  # the most rows held to time gathers over; a larger dataset's are scaled from them
 
 
 @dataclass(frozen=True)
@@ -172,28 +173,33 @@ def gather_epoch_seconds(epochs: GatherEpochs) -> float:
     return time.perf_counter() - start
 
 
-GATHER_BYTES = 256 << 20  # rows held to time gathers over a dataset larger than this (scaled to it)
+def held_rows(count: int, nbytes: int, batch_size: int) -> int:
+    """Rows ``epoch_gathers`` holds for ``count`` samples of ``nbytes``: all of them, or as many as fit
+    ``GATHER_BYTES`` (at least a batch)."""
+    return max(1, min(count, max(batch_size, GATHER_BYTES // max(1, nbytes))))
 
 
 def epoch_gathers(count: int, nbytes: int, batch_size: int, seed: int = 0) -> float:
     """Seconds of one epoch of batch gathers over ``count`` samples of ``nbytes`` from memory: the median
-    of ``GATHER_EPOCHS`` epochs over at most ``GATHER_BYTES`` of rows, scaled to ``count``."""
-    held = max(1, min(count, max(batch_size, GATHER_BYTES // max(1, nbytes))))
+    of ``GATHER_EPOCHS`` epochs over ``held_rows`` of them, scaled to ``count``."""
+    held = held_rows(count, nbytes, batch_size)
     gathers = GatherEpochs(rows_in_memory(held, nbytes), batch_size, seed)
     return statistics.median(gather_epoch_seconds(gathers) for _ in range(GATHER_EPOCHS)) * count / held
 
 
 def measure_floor(dataset: Any, indices: Sequence[int], *, batch_size: int, epochs: int,
-                  files: set[str] | None = None, workers: int | None = None, seed: int = 0) -> Floor:
+                  files: set[str] | None = None, workers: int | None = None, seed: int = 0,
+                  decoded: float | None = None) -> Floor:
     """The floor of ``epochs`` epochs over the whole ``dataset``, measured on ``indices`` (see the module):
     one decode pass of them on ``workers`` (default ``machine.build_workers()``) fresh processes, the files
-    evicted first, then their batch gathers from memory (``epoch_gathers``)."""
+    evicted first (``decoded``: that pass's seconds, already timed), then their batch gathers from
+    memory (``epoch_gathers``)."""
     indices = list(indices)
     if not indices:
         raise ValueError("The floor needs at least one sample, but got 0 indices.")
     workers = build_workers() if workers is None else workers
     nbytes = sample_nbytes(dataset[indices[0]])
-    decode = decode_once(dataset, indices, workers, files)
+    decode = decode_once(dataset, indices, workers, files) if decoded is None else decoded
     gather = epoch_gathers(len(indices), nbytes, batch_size, seed)
     return Floor(length=len(dataset), samples=len(indices), batch_size=batch_size, epochs=epochs, workers=workers,
                  decode_seconds=decode, gather_seconds=gather)

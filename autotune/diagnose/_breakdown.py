@@ -17,8 +17,8 @@
 7. a memory-cache build of the subset against a bare decode pass of it on the same workers, files
    evicted (``autotune.diagnose._build``): what a cache build costs over decoding;
 8. this machine's floor for the whole run (``autotune.dataset._floor``): the subset decoded once on
-   every usable CPU, nothing stored, and epochs of batch gathers from memory, scaled to the dataset;
-   against a recipe's predicted run when one is given.
+   every usable CPU, nothing stored (step 7's bare decode), and epochs of batch gathers from memory,
+   scaled to the dataset; against a recipe's predicted run when one is given.
 
 The figures become ``autotune.diagnose._verdict.Breakdown`` and the verdict is ``autotune.diagnose._verdict.judge``.
 A run is a few seconds to a minute: the subset is small and each measurement short.
@@ -389,7 +389,10 @@ def break_down(spec: UserSpec, *, samples: int | None = None, seed: int = 0,
     say("this machine's floor: one decode on every usable CPU, then gathers from memory")
     floor: Floor | None = None
     try:
-        floor = measure_floor(dataset, indices, batch_size=batch_size, epochs=spec.epochs, files=files, seed=seed)
+        # the build comparison's bare decode is the floor's decode: the same samples on the same workers
+        floor = measure_floor(dataset, indices, batch_size=batch_size, epochs=spec.epochs, files=files, seed=seed,
+                              workers=cost.workers if cost else None,
+                              decoded=cost.bare_decode_seconds if cost else None)
     except Exception as exc:  # noqa: BLE001 - the dataset's own failure in a worker: the rest still stands
         notes.append(f"the floor was not measured: {type(exc).__name__}: {exc}")
 
