@@ -69,6 +69,40 @@ def test_the_batches_are_a_plain_loaders_across_every_switch_and_one_pool_lives_
     assert [e.config for e in loader.history.switches()] == SCRIPT[:-1]
 
 
+def test_an_epoch_left_at_its_last_batch_ends_before_the_next_begins(tmp_path):
+    """A loop that counts to len(loader) (Lightning's) never asks past the last batch: that epoch is whole, and
+    it is ended, and any switch made, when its generator is closed or the next epoch asks for its first
+    batch, whichever comes first, before the next loader is chosen; one pool at a time still."""
+    path = write_recipe(tmp_path / "autotune.json", config=SCRIPT[0])
+    dataset = Numbers(45)
+    loader = autotune.dataloader(dataset, path, adapt=True, shuffle=True, generator=torch.Generator().manual_seed(3))
+    loader.policy = Scripted(SCRIPT)
+    got, alive = [], []
+    for _ in range(len(SCRIPT)):
+        epoch = []
+        for _, batch in zip(range(len(loader)), loader, strict=False):
+            alive.append((loader.config.num_workers, workers_alive()))
+            epoch.append(batch[1].tolist())
+        got.append(epoch)
+    plain = DataLoader(dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(3))
+    assert got == batches(plain, len(SCRIPT))
+    assert [o.config for o in loader.policy.seen] == SCRIPT  # the last one ended as its generator was closed
+    assert all(o.batches == 6 and o.seconds > 0 for o in loader.policy.seen)
+    assert all(n == workers for workers, n in alive), alive
+    # the next epoch first: the held generator of the last is still open
+    loader.policy = Scripted(SCRIPT)
+    held = [iter(loader)]
+    first = [next(held[0])[1].tolist() for _ in range(len(loader))]
+    assert len(loader.policy.seen) == 0
+    held.append(iter(loader))
+    second = next(held[1])[1].tolist()
+    assert [o.config for o in loader.policy.seen] == [SCRIPT[0]] and loader.config == SCRIPT[1]
+    want = batches(plain, 2)  # the plain loader's next two epochs
+    assert first == want[0] and second == want[1][0]
+    held[0].close()
+    assert len(loader.policy.seen) == 1  # ended once
+
+
 def test_each_measured_epoch_is_handed_over_and_a_broken_one_is_not(tmp_path):
     path = write_recipe(tmp_path / "autotune.json", config=P2)
     loader = autotune.dataloader(Numbers(40), path, adapt="observe")
@@ -308,3 +342,37 @@ def test_a_move_must_fit_dev_shm_and_the_jobs_memory_budget():
     why = Memory(batch_bytes=1, per_worker_bytes=huge).allowed(more, P2)
     assert why is not None and why.startswith(f"needs {huge + 2} more bytes, over the memory budget of")
     assert Memory(batch_bytes=1, per_worker_bytes=huge).allowed(P2.refit(num_workers=1), P2) is None  # fewer: fine
+
+
+# ------------------------------------------------------------------------------ Lightning
+
+def test_lightning_trains_on_an_adapting_loader_with_a_plain_loaders_batches(tmp_path):
+    import lightning as L
+
+    path = write_recipe(tmp_path / "autotune.json", config=P2)
+    seen = []
+
+    class Model(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, _):
+            seen.append(batch[1].tolist())
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        def train_dataloader(self):  # the one line, as with a fixed recipe
+            return autotune.dataloader(Numbers(40), path, adapt=True, shuffle=True,
+                                       generator=torch.Generator().manual_seed(8))
+
+    model = Model()
+    trainer = L.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(model)
+    plain = DataLoader(Numbers(40), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(8))
+    assert seen == [b for epoch in batches(plain, 3) for b in epoch]
+    loader = trainer.train_dataloader
+    assert isinstance(loader, AdaptiveLoader) and [e.decision for e in loader.history.events][:2] == ["warm-up", "try"]

@@ -149,6 +149,22 @@ class History:
         return [e for e in self.events if e.next_config != e.config]
 
 
+@dataclass
+class _Pending:
+    """An epoch being read: its clock, each batch's time out of ``next()``, its start and configuration."""
+
+    clock: HostClock
+    marks: list[float]
+    start: float
+    config: LoaderConfig
+    fresh: bool
+
+    def estimated_end(self) -> float:
+        waits, marks = self.clock.waits, self.marks
+        steps = [(marks[i + 1] - waits[i + 1]) - marks[i] for i in range(min(len(marks), len(waits)) - 1)]
+        return marks[-1] + (sum(steps) / len(steps) if steps else 0.0)
+
+
 def shut_down(loader: Any) -> None:
     """Stop ``loader``'s workers now (a persistent pool lives as long as its iterator)."""
     iterator = getattr(loader, "_iterator", None)
@@ -178,6 +194,7 @@ class AdaptiveLoader:
         self._read_memory = read_memory
         self._loader = make(start)
         self._fresh = True
+        self._pending: _Pending | None = None
         self.epoch = 0
 
     @property
@@ -212,25 +229,44 @@ class AdaptiveLoader:
         self._fresh = True
 
     def __iter__(self) -> Iterator[Any]:
+        self._finish_pending()  # an epoch its consumer left at its last batch (len known): ends before this one
         loader, clock = self._loader, self._clock()
         fresh = self._fresh or not (self.config.persistent_workers and self.config.num_workers)
         self._fresh = False
-        marks: list[float] = []
-        start = clock.now()
-        complete = False
         try:
-            for batch in _timed(iter(loader), clock, marks):
-                if len(marks) == 1 and not self.memory.batch_bytes:
+            expected: int | None = len(loader)
+        except TypeError:  # a stream without a length: an epoch ends at StopIteration only
+            expected = None
+        pending = _Pending(clock, [], clock.now(), self.config, fresh)
+        ended = None
+        try:
+            for batch in _timed(iter(loader), clock, pending.marks):
+                if len(pending.marks) == 1 and not self.memory.batch_bytes:
                     from autotune.machine import batch_bytes
 
                     self.memory.batch_bytes = batch_bytes(batch)
+                if len(pending.marks) == expected:
+                    # whole by count: a training loop that knows len (Lightning) never asks past the last batch
+                    self._pending = pending
                 yield batch
-            complete = True
+            ended = clock.now()
         finally:
-            end = clock.now()
-            waits = clock.epoch_waits()
-            if complete and len(waits) >= MIN_BATCHES:
-                self._end_epoch(_epoch_stats(waits, marks, start, end, self.config, fresh))
+            if self._pending is pending:
+                self._finish_pending(ended)
+            elif ended is not None and expected is None:
+                self._end(pending, ended)
+
+    def _finish_pending(self, ended: float | None = None) -> None:
+        """End the epoch that was whole by count: at ``ended``, or (its consumer never came back) one step
+        after its last batch, the step being the epoch's mean time between batches."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._end(pending, ended if ended is not None else pending.estimated_end())
+
+    def _end(self, pending: _Pending, end: float) -> None:
+        waits = pending.clock.epoch_waits()
+        if len(waits) >= MIN_BATCHES:
+            self._end_epoch(_epoch_stats(waits, pending.marks, pending.start, end, pending.config, pending.fresh))
 
     def _end_epoch(self, obs: EpochObservation) -> None:
         if self._read_memory:
