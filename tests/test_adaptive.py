@@ -286,7 +286,7 @@ def test_two_ranks_under_torchrun_decide_together_from_the_slowest_ranks_epoch(t
     assert ranks[0]["configs"][2] != ranks[0]["configs"][1]  # the try: both switched after epoch 2
     # one figure for both: the slowest rank's (rank 1 sleeps 4 ms a sample)
     assert ranks[0]["seconds_per_batch"] == ranks[1]["seconds_per_batch"]
-    assert min(ranks[0]["seconds_per_batch"]) > 4 * 0.004
+    assert min(ranks[0]["seconds_per_batch"]) > 4 * 0.004 / 2  # rank 0 alone reads a batch in well under 1 ms
     assert ranks[0]["decided"] >= 2 and ranks[1]["decided"] == 0  # configurations rank 0's policy measured
     seen = [sorted(i for b in ranks[0]["seen"][e] + ranks[1]["seen"][e] for i in b) for e in range(4)]
     assert seen == [list(range(64))] * 4  # each epoch's shards together: the whole dataset once
