@@ -31,12 +31,13 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from autotune.config import MAX_PREFETCH, LoaderConfig
+from autotune.config import LoaderConfig
 
 MIN_GAIN = 0.03  # the least speed-up a switch is kept for, on a log scale (~3%)
 MAX_REJECTIONS = 3
 DRIFT = 0.15  # a settled incumbent's change that reopens the search (log scale, ~16%)
 STALL_HIGH = 0.1  # above: the step waits for the loader
+MOST_PREFETCH = 8  # the most a move doubles prefetch_factor to (the search's largest)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ Allowed = Callable[[LoaderConfig], str | None]  # None: the configuration may ru
 
 
 def _worker_step(n: int) -> int:
+    """One worker at a time up to 4, then a quarter of them."""
     return 1 if n < 4 else n // 4
 
 
@@ -99,13 +101,13 @@ def moves(config: LoaderConfig, stall: float, *, max_workers: int, cuda: bool,
     if n < max_workers:
         more["more workers"] = config.refit(num_workers=min(max_workers, n + _worker_step(n)),
                                             persistent_workers=config.persistent_workers or not n)
-    if n and (config.prefetch_factor or 2) < min(8, MAX_PREFETCH):
+    if n and (config.prefetch_factor or 2) < MOST_PREFETCH:
         more["more prefetch"] = config.refit(prefetch_factor=2 * (config.prefetch_factor or 2))
     if cuda and not config.pin_memory:
         more["pin memory"] = config.refit(pin_memory=True)
     fewer = {}
     if n:
-        fewer["fewer workers"] = config.refit(num_workers=n - _worker_step(n) if n >= 4 else n - 1)
+        fewer["fewer workers"] = config.refit(num_workers=n - _worker_step(n))
     if n and (config.prefetch_factor or 2) > 1:
         fewer["less prefetch"] = config.refit(prefetch_factor=max(1, (config.prefetch_factor or 2) // 2))
     if cuda and config.pin_memory:
