@@ -277,6 +277,25 @@ def test_the_record_lists_every_file_the_reads_opened_and_nothing_else(tmp_path)
     assert table[0].tolist() == [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
+def test_files_of_autotune_s_own_folders_elsewhere_are_no_source_but_a_users_open_file_is(tmp_path):
+    """Another loader's cache or fill under another cache_dir, held open read-only by this process, is not
+    what these samples were made from; a user's file held open (a native reader's) is."""
+    from autotune.caches._own import make_own
+
+    data, root = _data(tmp_path), tmp_path / "caches"
+    (tmp_path / "elsewhere").mkdir()
+    other = make_own(tmp_path / "elsewhere" / ".pickle-fill", "staging")
+    (other / "spool-1.bin").write_bytes(b"records")
+    (tmp_path / "user.idx").write_bytes(b"index")
+    with open(other / "spool-1.bin", "rb"), open(tmp_path / "user.idx", "rb"):
+        cache = open_or_build("pickle", JsonLabels(data), root=root, manifest=caches.dataset_key(JsonLabels(data)),
+                              progress=False, workers=2)
+    paths, _ = read(cache.path, cache.manifest["sources"])
+    assert str(other / "spool-1.bin") not in paths
+    assert str(tmp_path / "user.idx") in paths
+    assert sorted(set(paths) - {str(tmp_path / "user.idx")}) == sorted(str(data / f"{i:05d}.npy") for i in range(N))
+
+
 def test_a_symbolic_link_retargeted_reads_as_another_file(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     write_arrays(a)

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.caches._own import is_marked
 from autotune.machine import _evict
 
 FILE_NAME = "sources.bin"
@@ -137,14 +138,22 @@ class Sources:
             self.add(path)
 
     def kept(self) -> dict[str, Stat]:
-        """The sources that are data files (not code, libraries, system files or autotune's caches)."""
+        """The sources that are data files (not code, libraries, system files or autotune's caches: the
+        folder excluded, and any folder autotune marked as its own, wherever it is, such as another
+        cache, or another loader's fill, that this process holds open under another ``cache_dir``)."""
         modules = _evict.module_files()
         found: dict[str, Stat] = {}
+        marked: dict[str, bool] = {}
         for path, st in self.seen.items():
             if st is None:
                 continue
             real = _evict.data_file(path, modules)
             if real is None or (self._exclude and (real + os.sep).startswith(self._exclude)):
+                continue
+            folder = os.path.dirname(real)
+            if folder not in marked:
+                marked[folder] = is_marked(folder)
+            if marked[folder]:
                 continue
             found[path] = st
         return found
