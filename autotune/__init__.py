@@ -3,6 +3,7 @@
     recipe = autotune.search(dataset, batch_size=64, epochs=10, budget="2m")
     loader = recipe.dataloader(dataset)
     loader = autotune.dataloader(dataset, "autotune.json")
+    loader = autotune.dataloader(dataset, "autotune.json", adapt=True)  # an AdaptiveLoader
 
 ``import autotune`` is light: the public API is imported on first use, and the search's own
 dependencies (Optuna) only when a search runs, so a training process that only builds loaders never
@@ -19,9 +20,11 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # the names below, for type checkers; at run time they come from __getattr__
     from autotune._api import Recipe, dataloader, load, search
+    from autotune.recipe._adaptive import AdaptiveLoader
     from autotune.recipe._file import RecipeMismatchWarning
 
 _LAZY = {
+    "AdaptiveLoader": "autotune.recipe._adaptive",
     "Recipe": "autotune._api",
     "dataloader": "autotune._api",
     "load": "autotune._api",
@@ -30,6 +33,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "AdaptiveLoader",
     "AutotuneError",
     "DatasetError",
     "HardwareMismatch",

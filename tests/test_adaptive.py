@@ -58,7 +58,7 @@ def test_the_batches_are_a_plain_loaders_across_every_switch_and_one_pool_lives_
     path = write_recipe(tmp_path / "autotune.json", config=SCRIPT[0])
     dataset = Numbers(45)
     loader = autotune.dataloader(dataset, path, adapt=True, shuffle=True, generator=torch.Generator().manual_seed(11))
-    assert isinstance(loader, AdaptiveLoader) and len(loader) == 6 and loader.batch_size == 8
+    assert isinstance(loader, autotune.AdaptiveLoader) and len(loader) == 6 and loader.batch_size == 8
     loader.policy = Scripted(SCRIPT)
     alive = []
     got = batches(loader, len(SCRIPT), check=lambda lo: alive.append((lo.config.num_workers, workers_alive())))
