@@ -50,8 +50,23 @@ def batches(loader, epochs, check=None):
     return out
 
 
+def _helpers() -> set[int]:
+    """Children that are not a loader's workers: a forkserver or resource tracker an earlier test in this
+    process started (their command line is multiprocessing's, a forked worker's is ours)."""
+    me = psutil.Process()
+    found = set()
+    for p in me.children():
+        try:
+            if p.cmdline() != me.cmdline():
+                found.add(p.pid)
+        except psutil.Error:  # gone meanwhile: counted by no one
+            found.add(p.pid)
+    return found
+
+
 def workers_alive() -> int:
-    return sum(1 for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE)
+    ignored = _helpers()
+    return sum(1 for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE and p.pid not in ignored)
 
 
 def test_the_batches_are_a_plain_loaders_across_every_switch_and_one_pool_lives_at_a_time(tmp_path):

@@ -38,9 +38,11 @@ epochs = 1
 
 
 def _three_at_once(tmp_path: Path, *flags: str) -> list[subprocess.CompletedProcess[str]]:
+    # 60 s from each process's start: three interpreters importing torch at once on 2 loaded CPUs took half
+    # of 30 s before any of them prepared its search
     (tmp_path / "tiny.py").write_text(textwrap.dedent(DATASET))
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    procs = [subprocess.Popen([sys.executable, "-m", "autotune", "search", "tiny.py", "--budget", "30s", "--caches",
+    procs = [subprocess.Popen([sys.executable, "-m", "autotune", "search", "tiny.py", "--budget", "60s", "--caches",
                                "none", "--max-workers", "1", "--no-progress", *flags],
                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(3)]
