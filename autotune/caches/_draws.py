@@ -76,7 +76,12 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        if type(a) is not type(b) or len(a) != len(b):
+            return False
+        try:  # Python random's state, 625 ints: compared in C, not in one call each (1.8x a JPEG's read)
+            return bool(a == b)
+        except (ValueError, RuntimeError, TypeError):  # arrays or tensors inside: element by element
+            return all(_same(x, y) for x, y in zip(a, b))
     return bool(a == b)
 
 
