@@ -52,8 +52,10 @@ def test_a_partial_memory_cache_on_a_subset_reports_its_share_of_the_whole(fill)
     before = tree_pss()  # the peak is this process's: in a suite's worker it holds what earlier tests left
     figures = measure(Workload(dataset=MebibyteRows(), batch_size=10, epochs=2), config, plan)
     assert figures.measured_samples == 50
-    # 15 of the subset's 50 samples held: 300 of the whole run's 1000, not all of them
-    assert 300 * MIB <= figures.peak_memory_bytes - before < 1000 * MIB, (figures.peak_memory_bytes, before)
+    # 15 of the subset's 50 samples held: 300 of the whole run's 1000, not all of them. The whole run's 285 MiB
+    # beyond the subset's are added (unscaled, the peak would be ~15-50 MiB over the process's memory before;
+    # scaled as a whole cache, over 950 MiB); that memory may shrink a few MiB meanwhile in a suite's worker.
+    assert 200 * MIB <= figures.peak_memory_bytes - before < 950 * MIB, (figures.peak_memory_bytes, before)
 
 
 @pytest.mark.timeout(120)
