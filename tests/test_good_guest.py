@@ -51,9 +51,12 @@ def _run(tmp_path, *, before="", threads=1, interval="Interval(3.3, 3.0, 3.6)", 
 
 
 def _default_threads() -> int:
-    import torch
+    """A fresh process's: an earlier test in this one may have set torch's threads (the suite's workers)."""
+    import os
 
-    return torch.get_num_threads()
+    run = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                         capture_output=True, text=True, check=True, env=dict(os.environ))
+    return int(run.stdout)
 
 
 def test_the_users_thread_count_wins_and_the_report_says_so(tmp_path):
