@@ -123,6 +123,13 @@ def test_main_threads_are_applied_and_reported(tmp_path):
     path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig(main_threads=1),
                         measured={"total_seconds": 1.0, "default_total_seconds": 2.0})
     before = torch.get_num_threads()
+    import os
+    import subprocess
+    import sys
+
+    fresh = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                           capture_output=True, text=True, check=True, env=dict(os.environ))
+    torch.set_num_threads(int(fresh.stdout))  # torch's default: an earlier test in this worker may have left 1
     try:
         loader = autotune.dataloader(Numbers(8), path)
         assert torch.get_num_threads() == 1
