@@ -14,6 +14,7 @@ from autotune.process._settings import (
     apply_at_runtime,
     command_line,
     launch_env,
+    users_threads,
     worker_init,
 )
 
@@ -26,5 +27,6 @@ __all__ = [
     "availability",
     "command_line",
     "launch_env",
+    "users_threads",
     "worker_init",
 ]
