@@ -27,7 +27,7 @@ from autotune.errors import AutotuneError, DatasetError
 from autotune.integrations._lightning import quiet_worker_warning
 from autotune.loader import FactorySite, make_loader, prepare_source
 from autotune.machine import ranks_per_node
-from autotune.process import apply_at_runtime
+from autotune.process import DEFAULT_ALLOCATOR, apply_at_runtime
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.recipe._learned import MOVED, record, starting_config
 from autotune.recipe._measured import Measured
@@ -193,18 +193,18 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
                             "replay one recorded pass, freezing its order; pass cache=None.")
     # The process settings first, so the cache build runs under them, as a trial's build did.
     main = replace(config.process_settings(), worker_threads=None)
-    if apply_process_settings and not _measured_gain(profile.measured) and main != replace(main, allocator="glibc",
-                                                                                           main_threads=None):
+    plain = replace(main, allocator=DEFAULT_ALLOCATOR, main_threads=None)
+    if apply_process_settings and not _measured_gain(profile.measured) and main != plain:
         # The user's process is changed only for a measured gain (an older recipe may lack the interval).
         log.info("autotune left this process's allocator and threads alone: the recipe measured no gain from it")
-        main = replace(main, allocator="glibc", main_threads=None)
+        main = plain
     if apply_process_settings:
         applied = apply_at_runtime(main)
         res.applied, res.not_applied = list(applied.applied), list(applied.not_applied)
-        if config.num_workers and (config.worker_threads or config.allocator != "glibc"):
+        if config.num_workers and (config.worker_threads or config.allocator != DEFAULT_ALLOCATOR):
             res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
     else:
-        config = config.refit(allocator="glibc", main_threads=None, worker_threads=None)
+        config = config.refit(allocator=DEFAULT_ALLOCATOR, main_threads=None, worker_threads=None)
     config = _fit_memory(config, profile, dataset, res, stream, overrides.get("batch_size") or 1)
     if config.cache_fill == "first_epoch" and not config.cache_in_memory and world_size() > 1:
         # each rank's first epoch reads its shard only: the node's one cache would never be whole
