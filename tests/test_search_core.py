@@ -354,6 +354,24 @@ def test_tied_candidates_go_to_the_smaller_change():
     assert winner == WORKERS  # 4.9-5.05 s and 4.9-5.1 s: tied; two settings changed against four
 
 
+def test_a_tie_between_winners_goes_to_the_smaller_change_only_when_it_costs_the_same():
+    """The 10,000-JPEG search inside a 1.2 GiB limit: the default's runs 151.8 and 95.6 s widened every
+    interval, so a 0-worker partial cache (62.5 s) was 'tied' with two workers filling it (48.8 s) and won
+    for changing fewer settings; the run then took 64 s against the grid's 47 s."""
+    zero_workers = LoaderConfig(cache="memory", cache_share=0.05)
+    filled = LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True, cache="memory",
+                          cache_share=0.05, cache_fill="first_epoch")
+    runs = {DEFAULT: [151.8, 95.6], zero_workers: [64.1, 62.5, 62.5], filled: [46.9, 50.6]}
+    totals = {DEFAULT: 123.7, zero_workers: 62.5, filled: 48.75}
+    counts = {c: len(v) for c, v in runs.items()}
+    spread = Spread.pooled(runs)
+    assert ratio(62.5, 3, 48.75, 2, spread).tied  # the interval alone cannot tell them apart
+    winner, ratios = choose(totals, counts, DEFAULT, spread)
+    assert winner == filled and ratios[zero_workers].faster
+    close = {**totals, zero_workers: 48.75 * 1.04}  # within 5%: the smaller change still wins the tie
+    assert choose(close, counts, DEFAULT, spread)[0] == zero_workers
+
+
 def test_one_run_each_uses_the_prior_spread():
     spread = Spread.pooled({DEFAULT: [1.0], WORKERS: [0.9]})
     assert spread.df == 4 and spread.sigma == pytest.approx(0.10)  # the prior alone

@@ -18,6 +18,7 @@ from autotune.process._settings import (
     apply_at_runtime,
     command_line,
     launch_env,
+    users_threads,
     worker_init,
 )
 
@@ -37,5 +38,6 @@ __all__ = [
     "register",
     "searched_allocators",
     "unregister",
+    "users_threads",
     "worker_init",
 ]

@@ -375,7 +375,8 @@ class RecipeFile:
         path = Path(path)
         with _locked(path):
             rf = cls.read(path) if path.exists() else cls(path=path)
-            rf.profiles.setdefault(profile.fingerprint, profile).learned = learned
+            # a copy where the place is empty: the caller's profile is the run's previous record, kept as read
+            rf.profiles.setdefault(profile.fingerprint, copy.copy(profile)).learned = learned
             rf.write(path)
 
     def __len__(self) -> int:
