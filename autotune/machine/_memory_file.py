@@ -42,10 +42,16 @@ class FileColumn:
 
     def write(self, k: int, value: Any) -> None:
         """Row k = ``value``, with the assignment's own conversion (``column[k] = value``)."""
-        if self._stage is None:
-            self._stage = np.empty(self.array.shape[1:], dtype=self.array.dtype)
-        self._stage[...] = value
-        data = self._stage.reshape(-1).view(np.uint8).data
+        row = self.array.shape[1:]
+        if (isinstance(value, np.ndarray) and value.dtype == self.array.dtype and value.shape == row
+                and value.flags.c_contiguous):
+            source = value  # already the row's bytes: written from where they are, not copied once more
+        else:
+            if self._stage is None:
+                self._stage = np.empty(row, dtype=self.array.dtype)
+            self._stage[...] = value
+            source = self._stage
+        data = source.reshape(-1).view(np.uint8).data
         offset = k * self.row_nbytes
         while len(data):
             written = os.pwrite(self.fd, data, offset)
