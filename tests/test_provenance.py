@@ -267,6 +267,29 @@ def test_an_edit_outside_the_probes_is_never_served_stale(tmp_path, pattern, bac
     assert again.origin == "reused"
 
 
+def test_a_fill_that_cannot_record_what_its_reads_opened_keeps_nothing_unrecorded(tmp_path):
+    """A record is kept only once what its read opened is on record: a process whose record of its sources
+    fails (no descriptor left, a full disk) stops keeping, so no cache is committed blind to those files."""
+    data, root = _data(tmp_path), tmp_path / "caches"
+    edited = [i for i in range(8, N) if i not in probe_indices(N)][:2]  # read after the fill's head
+    dataset = Computed(data)
+    fill = open_or_fill("pickle", dataset, root=root, manifest=caches.dataset_key(dataset))
+    record = fill.staging / f"sources-{os.getpid()}.jsonl"
+    record.rename(fill.staging / "sources-0.jsonl")  # the head's record, still read by the commit
+    # From here on this process's record cannot be appended to (EINVAL; EMFILE or ENOSPC in the field), while
+    # the commit can still read every record file
+    record.symlink_to("/proc/version")
+    got = [s for batch in DataLoader(fill, batch_size=4, collate_fn=list) for s in batch]
+    assert all(samples_equal(got[i], dataset[i]) for i in range(N))
+    fill.close()
+    for i in edited:
+        edit_file(data / f"{i:05d}.npy", 100.0 + i)
+    live = Computed(data)
+    cache = open_or_build("pickle", live, root=root, manifest=caches.dataset_key(live), progress=False)
+    served = _served(cache)
+    assert all(samples_equal(served[i], live[i]) for i in range(N)), "a sample other than dataset[i]"
+
+
 def test_the_record_lists_every_file_the_reads_opened_and_nothing_else(tmp_path):
     data, root = _data(tmp_path), tmp_path / "caches"
     cache = open_or_build("pickle", JsonLabels(data), root=root, manifest=caches.dataset_key(JsonLabels(data)),
