@@ -155,6 +155,17 @@ class Memmapped(Dataset):
         return torch.from_numpy(np.array(self.array[i])), i
 
 
+class ThreadPooled(Computed):
+    """Each sample's file read on a thread of a pool (multi-file samples, a library reading on its IO thread):
+    the open happens in a thread the read started, not in the reading thread."""
+
+    def __getitem__(self, i):
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(Computed.__getitem__, self, i).result()
+
+
 def _labels(root: Path, change: dict[int, int] | None = None) -> None:
     labels = {f"{i:05d}": i % 5 for i in range(N)}
     for i, v in (change or {}).items():
@@ -199,6 +210,7 @@ PATTERNS = {
     "path list": (PathList, _edit_sample_files),
     "basenames + root": (Basenames, _edit_sample_files),
     "computed from the index": (Computed, _edit_sample_files),
+    "read in a thread pool": (ThreadPooled, _edit_sample_files),
     "labels in a JSON dict": (JsonLabels, _relabel),
     "labels in a pandas frame": (CsvLabels, _relabel),
     "labels in csv rows": (CsvRows, _relabel),
