@@ -179,13 +179,14 @@ def test_the_fill_writes_memory_files_and_closes_their_descriptors():
 
 
 class Rows(Dataset):
-    """Rows of 1 MiB, each all its own index: a row written at another's position shows at once."""
+    """Rows of 1 MiB, each all its own index (a row written at another's position shows at once), returned
+    permuted as a decoded HWC image returned CHW is: a strided view, which the write stages into a row."""
 
     def __len__(self) -> int:
         return 48
 
     def __getitem__(self, i: int):
-        return np.full((256, 1024), i, dtype=np.float32)
+        return np.full((1024, 256), i, dtype=np.float32).T
 
 
 def test_threads_filling_one_cache_keep_every_sample_at_its_own_position():

@@ -516,6 +516,42 @@ def test_a_fill_that_finds_a_draw_keeps_nothing_and_every_epoch_is_the_source(tm
         assert [e for e in caches.list_caches(root) if e["kind"] == "cache"] == []
 
 
+class DrawsAtOne(Computed):
+    """Draws at one index only, in the middle of a batch: a batch's watch must still name that index."""
+
+    ONE = 13
+
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return (x + float(np.random.rand()) if i == self.ONE else x), y
+
+
+@pytest.mark.parametrize("workers", (0, 2))
+def test_a_draw_inside_a_watched_batch_is_named_by_its_index(tmp_path, workers, caplog):
+    """Builds and fills watch the generators once per batch, not per read: the index that drew is still
+    the one named, in the build's error and in the fill's warning."""
+    from autotune.caches._base import read_source
+    from autotune.caches._draws import RandomSamples, last_line
+    from autotune.caches._fill import FirstEpochCache, GatheringFill
+    from autotune.caches._gather import collate_gathered
+    from autotune.caches._memory import MemoryCache
+
+    dataset = DrawsAtOne(_data(tmp_path))
+    for build in (lambda: MemoryCache.build(dataset, range(N), manifest={}, progress=False, workers=workers),
+                  lambda: list(read_source(dataset, list(range(N)), workers=workers, progress=False))):
+        with pytest.raises(RandomSamples) as raised:
+            build()
+        assert last_line(raised.value).startswith("dataset[13] drew from numpy's global random state, so no cache")
+    fill = FirstEpochCache(dataset)
+    loader = torch.utils.data.DataLoader(GatheringFill(fill), batch_size=8, num_workers=workers,
+                                         collate_fn=collate_gathered, multiprocessing_context="fork" if workers else None)
+    with caplog.at_level("WARNING", logger="autotune"):
+        batches = [b for b in loader]
+    assert len(batches) == N // 8 and not fill.whole and fill.random[0] == 1
+    if not workers:  # a worker logs in its own process
+        assert "dataset[13] drew from numpy's global random state" in caplog.text
+
+
 # ----------------------------------------------------------------------- in-memory data, any container
 class Holder(Dataset):
     def __init__(self, value):

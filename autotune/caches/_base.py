@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import datetime as _dt
 import errno
 import glob
@@ -69,14 +70,18 @@ class _Indexed(torch.utils.data.Dataset[Any]):
     def __getitem__(self, k: int) -> bytes:
         return pickle.dumps(self.reads.read(self.indices[k]), protocol=5)
 
+    def _wires(self, positions: list[int]) -> list[bytes]:
+        return [pickle.dumps(sample, protocol=5)  # watched once per chunk
+                for sample in self.reads.read_all([self.indices[k] for k in positions])]
+
     def __getitems__(self, positions: list[int]) -> tuple[torch.Tensor, list[int], list[tuple[str, Any]]]:
         if not self.record:
-            wires = [self[k] for k in positions]
+            wires = self._wires(positions)
             return torch.frombuffer(bytearray(b"".join(wires)), dtype=torch.uint8), [len(w) for w in wires], []
         if self._sources is None:
             self._sources = Sources()
         with self._sources.recording():
-            wires = [self[k] for k in positions]
+            wires = self._wires(positions)
         self._sources.scan_process()
         new = self._sources.take_new()
         return torch.frombuffer(bytearray(b"".join(wires)), dtype=torch.uint8), [len(w) for w in wires], new
@@ -115,14 +120,13 @@ def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progr
                 it._shutdown_workers()  # type: ignore[attr-defined]  # private, and the only way: an interrupted build leaves no worker behind
         else:
             reads = WatchedReads(dataset)
-            for i in indices:
-                if sources is None:
-                    sample = reads.read(i)
-                else:
-                    with sources.recording():
-                        sample = reads.read(i)
-                yield sample
-                bar.update(1)
+            for start in range(0, len(indices), _CHUNK):  # watched a chunk at a time, as in the workers
+                chunk = indices[start:start + _CHUNK]
+                with sources.recording() if sources is not None else contextlib.nullcontext():
+                    samples = reads.read_all(chunk)
+                for sample in samples:
+                    yield sample
+                    bar.update(1)
     if sources is not None:
         sources.scan_process(maps=True)
 

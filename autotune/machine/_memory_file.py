@@ -45,11 +45,17 @@ class FileColumn:
 
     def write(self, k: int, value: Any) -> None:
         """Row k = ``value``, with the assignment's own conversion (``column[k] = value``)."""
-        stage: np.ndarray | None = getattr(self._stages, "row", None)
-        if stage is None:
-            stage = self._stages.row = np.empty(self.array.shape[1:], dtype=self.array.dtype)
-        stage[...] = value
-        data = stage.reshape(-1).view(np.uint8).data
+        row = self.array.shape[1:]
+        if (isinstance(value, np.ndarray) and value.dtype == self.array.dtype and value.shape == row
+                and value.flags.c_contiguous):
+            source = value  # already the row's bytes: written from where they are, not copied once more
+        else:
+            stage: np.ndarray | None = getattr(self._stages, "row", None)
+            if stage is None:
+                stage = self._stages.row = np.empty(row, dtype=self.array.dtype)
+            stage[...] = value
+            source = stage
+        data = source.reshape(-1).view(np.uint8).data
         offset = k * self.row_nbytes
         while len(data):
             written = os.pwrite(self.fd, data, offset)

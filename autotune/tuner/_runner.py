@@ -28,7 +28,7 @@ from autotune.caches import remove_trial_folder, trial_folder
 from autotune.config import LoaderConfig
 from autotune.loader import READING
 from autotune.machine import tree_pss, tree_rss
-from autotune.process import PRELOAD_ALLOCATORS, launch_env
+from autotune.process import get_allocator, launch_env
 from autotune.tuner._lifecycle import watch_parent
 from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
 from autotune.tuner._measurement import Measurement
@@ -478,7 +478,7 @@ class Runner:
         (paying an interpreter start, outside the measured figure) instead of forked from the server.
         """
         settings = config.process_settings()
-        if settings.allocator not in PRELOAD_ALLOCATORS:
+        if not get_allocator(settings.allocator).preloaded:
             return self.ctx, None
         if self.blob is None:
             raise TrialFailed(f"{settings.allocator} needs a fresh process, and the dataset cannot be pickled")
