@@ -255,6 +255,22 @@ def test_an_observing_run_is_recorded_but_moves_nothing_and_no_recipe_makes_one(
     assert autotune.dataloader(Numbers(40), path).autotune.sources["num_workers"] == "recipe"
 
 
+def test_without_a_recipe_each_switch_is_recorded_once(tmp_path):
+    """The first write makes the file from the loader's own profile: the record written after each later
+    epoch must not take the run's own earlier record for a previous run's (its switches doubled every epoch)."""
+    from autotune.recipe._file import RecipeFile
+
+    path = tmp_path / "autotune.json"
+    loader = autotune.dataloader(Numbers(40), path, batch_size=8, adapt=True)
+    start = loader.config
+    script = [start, *(c for c in SCRIPT[:3] if c != start)]
+    loader.policy = Scripted(script)
+    batches(loader, 3)
+    learned, = (p.learned for p in RecipeFile.read(path).profiles.values())
+    assert [(s.epoch, s.before, s.after) for s in learned.switches] == [
+        (1, script[0], script[1]), (2, script[1], script[2]), (3, script[2], script[3 % len(script)])]
+
+
 @pytest.mark.parametrize("learned, problem", [
     ({"mode": "guess"}, "learned.mode must be one of adapt, observe"),
     ({"mode": "adapt", "epochs": -1, "best": {}}, "learned.epochs must be a non-negative integer"),

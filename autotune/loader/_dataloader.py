@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from autotune.config import LoaderConfig
 from autotune.loader._order import own_batches, plain_order
-from autotune.process import worker_init
+from autotune.process import DEFAULT_ALLOCATOR, worker_init
 
 
 class Transformed(Dataset[Any]):
@@ -68,7 +68,7 @@ def make_loader(dataset: Any, config: LoaderConfig, *, user_worker_init: Callabl
     if kwargs["pin_memory"] and not torch.cuda.is_available():
         kwargs["pin_memory"] = False  # pinning without CUDA only warns and costs time
     settings = config.process_settings()
-    if config.num_workers and (settings.worker_threads or settings.allocator != "glibc"):
+    if config.num_workers and (settings.worker_threads or settings.allocator != DEFAULT_ALLOCATOR):
         kwargs["worker_init_fn"] = worker_init(settings, chain=user_worker_init)
     elif user_worker_init is not None:
         kwargs["worker_init_fn"] = user_worker_init

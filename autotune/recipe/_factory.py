@@ -27,7 +27,7 @@ from autotune.errors import AutotuneError, DatasetError
 from autotune.integrations._lightning import quiet_worker_warning
 from autotune.loader import FactorySite, make_loader, prepare_source, stream_batches
 from autotune.machine import ranks_per_node
-from autotune.process import apply_at_runtime, users_threads
+from autotune.process import DEFAULT_ALLOCATOR, apply_at_runtime, users_threads
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.recipe._learned import MOVED, record, starting_config
 from autotune.recipe._measured import Measured
@@ -196,17 +196,18 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
     # a thread count an adapting run kept was measured faster by the real step
     gain = _measured_gain(profile.measured) or (learned is not None and learned.main_threads is not None
                                                 and learned.main_threads != profile.config.main_threads)
-    if apply_process_settings and not gain and main != replace(main, allocator="glibc", main_threads=None):
+    plain = replace(main, allocator=DEFAULT_ALLOCATOR, main_threads=None)
+    if apply_process_settings and not gain and main != plain:
         # The user's process is changed only for a measured gain (an older recipe may lack the interval).
         log.info("autotune left this process's allocator and threads alone: the recipe measured no gain from it")
-        main = replace(main, allocator="glibc", main_threads=None)
+        main = plain
     if apply_process_settings:
         applied = apply_at_runtime(main)
         res.applied, res.not_applied = list(applied.applied), list(applied.not_applied)
-        if config.num_workers and (config.worker_threads or config.allocator != "glibc"):
+        if config.num_workers and (config.worker_threads or config.allocator != DEFAULT_ALLOCATOR):
             res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
     else:
-        config = config.refit(allocator="glibc", main_threads=None, worker_threads=None)
+        config = config.refit(allocator=DEFAULT_ALLOCATOR, main_threads=None, worker_threads=None)
     config = _fit_memory(config, profile, dataset, res, stream, overrides.get("batch_size") or 1)
     if config.cache_fill == "first_epoch" and not config.cache_in_memory and world_size() > 1:
         # each rank's first epoch reads its shard only: the node's one cache would never be whole
