@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Any, Unpack
 from torch.utils.data import DataLoader
 
 from autotune._units import parse_duration
-from autotune.config import LoaderConfig
+from autotune.config import LoaderConfig, usual_advice
 from autotune.dataset import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS, UserSpec, check_dataset, load_user_file, resolving
 from autotune.errors import AutotuneError
 from autotune.integrations._lightning import plain_loader
 from autotune.machine import _hardware as hardware
 from autotune.machine import ranks_per_node as ranks_from
+from autotune.machine import usable_cpus
 from autotune.recipe._adaptive import AdaptiveLoader
 from autotune.recipe._factory import FROM_RECIPE, build_loader
 from autotune.recipe._file import Profile, RecipeFile, choose_profile
@@ -247,9 +248,6 @@ def dataloader(dataset: Any, path: str | os.PathLike[str] = DEFAULT_RECIPE, *, o
 
 def prior_profile(batch_size: int | None, ranks: int = 1) -> Profile:
     """This machine's profile before any search: the usual advice (``config.usual_advice``), nothing measured."""
-    from autotune.config import usual_advice
-    from autotune.machine import usable_cpus
-
     context = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
     return Profile(hardware=hardware.collect(ranks_per_node=ranks), dataset=DatasetRecord(source="<no recipe>"),
                    settings=RunSettings(batch_size=batch_size),

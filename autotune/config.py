@@ -45,12 +45,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import RecipeError
-from autotune.process import ALLOCATORS, ProcessSettings  # the allocators' one list
+from autotune.process import DEFAULT_ALLOCATOR, ProcessSettings, allocator_names
 
 DEFAULT_PREFETCH = 2  # DataLoader's own default with workers
 CONTEXTS = ("fork", "forkserver", "spawn")
 CACHE_FILLS = ("build", "first_epoch")
 WORKER_ONLY = ("prefetch_factor", "persistent_workers", "multiprocessing_context", "worker_threads")
+# The DataLoader keywords a configuration sets (``loader_kwargs``), and those of them DataLoader refuses without
+# workers: the factory's caller may override each, and a loader without workers drops the latter.
+LOADER_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "multiprocessing_context")
+WORKER_LOADER_KEYS = tuple(k for k in WORKER_ONLY if k in LOADER_KEYS)
 MAX_WORKERS = 1024
 MAX_PREFETCH = 1024
 MAX_THREADS = 4096
@@ -114,7 +118,7 @@ class LoaderConfig:
     worker_threads: int | None = None  # torch.set_num_threads in each worker; None: torch's choice (1)
     main_threads: int | None = None  # torch.set_num_threads in the training process; None: torch's
     cache: str | None = None  # a cache backend, None for none
-    allocator: str = "glibc"
+    allocator: str = DEFAULT_ALLOCATOR  # a registered allocator (autotune/process/_family.py)
     cache_fill: str = "build"  # when the cache is filled (rule 4); recipes without it read "build"
     cache_share: float | None = None  # the share of the dataset a memory cache holds (rule 5); None: all
 
@@ -129,7 +133,7 @@ class LoaderConfig:
         _check_choice("multiprocessing_context", self.multiprocessing_context, CONTEXTS, optional=True)
         if self.cache is not None:
             _check_choice("cache", self.cache, cache_names(), optional=True)
-        _check_choice("allocator", self.allocator, ALLOCATORS, optional=False)
+        _check_choice("allocator", self.allocator, allocator_names(), optional=False)
         _check_choice("cache_fill", self.cache_fill, CACHE_FILLS, optional=False)
         if self.cache_fill != "build" and self.cache is None:  # rule 4
             raise ConfigError(f"cache_fill={self.cache_fill!r} needs a cache, but cache=None")
@@ -268,7 +272,7 @@ class LoaderConfig:
             parts.append(f"cache_share={self.cache_share:g}")
         if self.cache and self.cache_fill != "build":
             parts.append(f"cache_fill={self.cache_fill}")
-        if self.allocator != "glibc":
+        if self.allocator != DEFAULT_ALLOCATOR:
             parts.append(f"allocator={self.allocator}")
         return ", ".join(parts)
 

@@ -1,8 +1,9 @@
 """The allocator table: every memory allocator on three allocation-heavy DataLoader paths, measured here.
 
 Rows: three DataLoader paths (decode 2000 random 224x224 JPEGs with num_workers=0; in-memory float
-tensors with num_workers=0; the same with 2 persistent workers). Columns: glibc default,
-glibc-tuned (raised mmap/trim thresholds), tcmalloc and jemalloc (preloaded; only where installed).
+tensors with num_workers=0; the same with 2 persistent workers). Columns: every registered allocator
+(``autotune/process/_family.py``: glibc default, glibc-tuned's raised mmap/trim thresholds, tcmalloc and
+jemalloc preloaded), each only where this machine has it.
 
 Every cell runs in a fresh Python process started with ``autotune.process._settings.launch_env``, so a
 preload really applies; the runs are interleaved across columns (A B C D A B C D ...). Each process
@@ -30,7 +31,7 @@ from harness.fresh import allocator_env, run_fresh
 from harness.workloads import BATCH, InMemoryTensors, jpeg_dataset, seeded_loader
 
 # After harness, which puts the checkout's autotune first on sys.path.
-from autotune.process import _allocator as allocator
+from autotune.process import _family as allocators
 
 NAME = "allocators"
 ROWS = {
@@ -38,12 +39,7 @@ ROWS = {
     "memory-0": "in-memory float tensors, `num_workers=0`",
     "memory-2p": "in-memory float tensors, 2 persistent workers",
 }
-COLUMNS = {
-    "glibc": "glibc default",
-    "glibc-tuned": "glibc, thresholds raised (1 GiB)",
-    "tcmalloc": "tcmalloc (LD_PRELOAD)",
-    "jemalloc": "jemalloc (LD_PRELOAD)",
-}
+COLUMNS = {name: allocators.get(name).title for name in allocators.names()}
 EPOCHS = 2  # the second is reported
 LOADERS: dict[str, dict[str, Any]] = {
     "jpeg-0": {"num_workers": 0},
@@ -55,14 +51,14 @@ LOADERS: dict[str, dict[str, Any]] = {
 def cell(params: dict) -> Setup:
     ds = jpeg_dataset(params["images"]) if params["row"] == "jpeg-0" else InMemoryTensors(params["images"])
     return Setup(set(), lambda: (seeded_loader(ds, **LOADERS[params["row"]]), lambda batch: None),
-                 info={"active": allocator.active_allocator()})
+                 info={"active": allocators.active()})
 
 
 def measure(row: str, column: str, images: int) -> dict:
     """One fresh process of ``row`` started with ``column``'s allocator; checks the allocator it got."""
     result = run_fresh(__file__, "cell", {"row": row, "images": images}, epochs=EPOCHS,
                        env=allocator_env(column, at_start=True), timeout=300)
-    expected = column if column in allocator.PRELOAD_LIBRARIES else "glibc"
+    expected = column if allocators.get(column).preloaded else allocators.DEFAULT
     if result["info"]["active"] != expected:
         raise SystemExit(f"{row} / {column}: the child allocates with {result['info']['active']}, not {expected}")
     return result
@@ -96,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.images = min(args.images, 128)
     repeats = args.repeats or (1 if args.quick else 3)
-    available = allocator.availability()
+    available = allocators.availability()
     columns = [c for c in COLUMNS if available[c] is None]
     skipped = {c: available[c] for c in COLUMNS if available[c] is not None}
     for c, why in skipped.items():
@@ -122,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": repeats, "images": args.images, "batch_size": BATCH, "columns": {c: COLUMNS[c] for c in columns},
         "not_available": skipped, "rows": rows},
         machine=machine.facts(libc=" ".join(platform.libc_ver()),
-                              libraries={n: allocator.find_library(n) for n in allocator.PRELOAD_LIBRARIES}))
+                              libraries={n: cls.library() for n in allocators.names()
+                                         if issubclass(cls := allocators.get(n), allocators.Preloaded)}))
 
 
 if __name__ == "__main__":

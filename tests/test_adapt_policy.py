@@ -7,7 +7,7 @@ import math
 import pytest
 
 from autotune.config import LoaderConfig
-from autotune.recipe._adapt_policy import MIN_GAIN, EpochObservation, Policy, moves
+from autotune.recipe._adapt_policy import MIN_GAIN, Decision, EpochObservation, Policy, moves
 
 W2 = LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True, multiprocessing_context="fork")
 W3 = W2.refit(num_workers=3)
@@ -137,3 +137,36 @@ def test_observe_never_moves_and_a_refused_or_callers_setting_is_never_tried():
     assert refused.skipped == {W3: "no room in /dev/shm"}
     fixed = Policy(W2, max_workers=4, fixed=frozenset({"num_workers"}))
     assert run(fixed, [lambda c: obs(c, 10.0)] * 2)[1] == ("try", W2.refit(prefetch_factor=4))
+
+
+def test_the_thread_split_is_a_move_judged_as_any_other():
+    assert [name for name, _ in moves(W2, 0.01, max_workers=4, cuda=False, threads=2)] == [
+        "fewer workers", "less prefetch", "more main threads", "more workers", "more prefetch", "fewer main threads"]
+    spawned = W2.refit(multiprocessing_context="spawn", worker_threads=2)
+    assert [name for name, _ in moves(spawned, 0.5, max_workers=8, cuda=False, threads=4)] == [
+        "more workers", "more prefetch", "fewer main threads", "more worker threads", "fewer workers",
+        "less prefetch", "more main threads", "fewer worker threads"]
+    assert dict(moves(spawned, 0.5, max_workers=8, cuda=False, threads=4))["more worker threads"].worker_threads == 4
+    assert "more worker threads" not in dict(moves(W2, 0.5, max_workers=8, cuda=False, threads=4))  # forked: one
+    t4 = W2.refit(main_threads=4)
+    pf1 = W2.refit(prefetch_factor=1)
+    kept = Policy(W2, max_workers=4, threads=2)  # the step wants the cores: more main threads pay 20%
+    got = run(kept, [lambda c: obs(c, 8.0 if c == t4 else 10.0, stall=0.0)] * 7)
+    assert got == [("warm-up", W2), ("try", W1), ("revert", W2), ("try", pf1), ("revert", W2), ("try", t4),
+                   ("keep", t4)]
+    reverted = Policy(W2, max_workers=4, threads=2)  # as fast: reverted, the third rejection settles
+    got = run(reverted, [lambda c: obs(c, 10.0, stall=0.0)] * 7)
+    assert got[-2:] == [("try", t4), ("settle", W2)] and reverted.incumbent == W2
+    fixed = Policy(W2, max_workers=4, threads=2, fixed=frozenset({"main_threads"}))
+    assert all(c.main_threads is None for _, c in run(fixed, [lambda c: obs(c, 10.0, stall=0.0)] * 8))
+
+
+def test_a_crashed_candidate_is_a_rejection_never_tried_again():
+    policy = Policy(W2, max_workers=4)
+    assert run(policy, [lambda c: obs(c, 10.0)] * 2)[1] == ("try", W3)
+    policy.crashed(W3, "RuntimeError: DataLoader worker (pid 1) is killed by signal: Killed.")
+    assert policy.trying is None and policy.rejections == 1 and W3 in policy.failed
+    d = policy.decide(obs(W2, 10.0))  # the incumbent took the epoch back
+    assert d == Decision(W2.refit(prefetch_factor=4), "try", d.line)
+    policy.decide(obs(W2.refit(prefetch_factor=4), 12.0))
+    assert all(c != W3 for _, c in run(policy, [lambda c: obs(c, 10.0)] * 4))

@@ -3,6 +3,9 @@ measured epochs handed to the policy, and the stall clock."""
 
 from __future__ import annotations
 
+import gc
+import warnings
+
 import psutil
 import pytest
 import torch
@@ -252,6 +255,22 @@ def test_an_observing_run_is_recorded_but_moves_nothing_and_no_recipe_makes_one(
     assert autotune.dataloader(Numbers(40), path).autotune.sources["num_workers"] == "recipe"
 
 
+def test_without_a_recipe_each_switch_is_recorded_once(tmp_path):
+    """The first write makes the file from the loader's own profile: the record written after each later
+    epoch must not take the run's own earlier record for a previous run's (its switches doubled every epoch)."""
+    from autotune.recipe._file import RecipeFile
+
+    path = tmp_path / "autotune.json"
+    loader = autotune.dataloader(Numbers(40), path, batch_size=8, adapt=True)
+    start = loader.config
+    script = [start, *(c for c in SCRIPT[:3] if c != start)]
+    loader.policy = Scripted(script)
+    batches(loader, 3)
+    learned, = (p.learned for p in RecipeFile.read(path).profiles.values())
+    assert [(s.epoch, s.before, s.after) for s in learned.switches] == [
+        (1, script[0], script[1]), (2, script[1], script[2]), (3, script[2], script[3 % len(script)])]
+
+
 @pytest.mark.parametrize("learned, problem", [
     ({"mode": "guess"}, "learned.mode must be one of adapt, observe"),
     ({"mode": "adapt", "epochs": -1, "best": {}}, "learned.epochs must be a non-negative integer"),
@@ -390,3 +409,207 @@ def test_lightning_trains_on_an_adapting_loader_with_a_plain_loaders_batches(tmp
     assert seen == [b for epoch in batches(plain, 3) for b in epoch]
     loader = trainer.train_dataloader
     assert isinstance(loader, AdaptiveLoader) and [e.decision for e in loader.history.events][:2] == ["warm-up", "try"]
+
+
+# ------------------------------------------------------------------------------ a long epoch's parts
+
+P1 = P2.refit(num_workers=1)
+PLAIN2 = LoaderConfig(num_workers=2, multiprocessing_context="fork")
+
+
+def test_a_long_epoch_switches_at_its_parts_with_a_plain_loaders_batches_and_one_pool_at_a_time(tmp_path):
+    """Every kind of switch mid-epoch (0 and 2 workers, persistent or not, the pool's prefetch in flight):
+    the epoch's permutation goes on from the first batch the training loop had not received."""
+    path = write_recipe(tmp_path / "autotune.json", config=SCRIPT[0])
+    dataset = Numbers(200)  # 25 batches of 8: parts end after batches 4, 8, 12, 16, 20 (the last is 5 long)
+    loader = autotune.dataloader(dataset, path, adapt=True, shuffle=True, generator=torch.Generator().manual_seed(4))
+    loader.policy, loader.part_batches = Scripted(SCRIPT), 4
+    alive = []
+    got = batches(loader, 3, check=lambda lo: alive.append((lo.config.num_workers, workers_alive())))
+    plain = DataLoader(dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(4))
+    assert got == batches(plain, 3)
+    assert all(n == workers for workers, n in alive), alive
+    events = loader.history.events
+    assert [e.mid_epoch for e in events[:6]] == [True] * 5 + [False] and len(events) == 18
+    assert [e.config for e in events[:6]] == SCRIPT  # each part under the configuration chosen for it
+    assert all(e.next_config != e.config for e in events[:5])  # five switches inside the first epoch
+    assert loader.epoch == 3 and len(loader) == 25 and loader.batch_size == 8
+
+
+def test_a_stateful_resume_after_a_mid_epoch_switch_yields_exactly_the_remaining_batches(tmp_path):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    path = write_recipe(tmp_path / "autotune.json", config=SCRIPT[0], batch_size=4)
+
+    def make(script):
+        loader = autotune.dataloader(Numbers(64), path, adapt=True, loader_cls=StatefulDataLoader, shuffle=True,
+                                     generator=torch.Generator().manual_seed(9))
+        loader.policy, loader.part_batches = Scripted(script), 4  # 16 batches: parts end after 4, 8 and 12
+        return loader
+
+    want = batches(DataLoader(Numbers(64), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(9)), 2)
+    loader = make([SCRIPT[0], P2])
+    iterator = iter(loader)
+    head = [next(iterator)[1].tolist() for _ in range(6)]  # 0 workers for 4, then P2 (switched after batch 4)
+    assert loader.config == P2 and loader.history.switches()[0].mid_epoch
+    state = loader.state_dict()
+    assert LoaderConfig.from_json(state["autotune_config"]) == P2
+    del iterator
+    resumed = make([P2, PLAIN2, LoaderConfig()])
+    resumed.load_state_dict(state)
+    assert resumed.config == P2
+    rest = batches(resumed, 1)[0]  # batches 7-8 teach nothing; it switches after batch 12 and at the end
+    assert head + rest == want[0]
+    assert [(e.config, e.mid_epoch) for e in resumed.history.switches()] == [(P2, True), (PLAIN2, False)]
+    assert batches(resumed, 1) == want[1:]
+
+
+# ------------------------------------------------------------------------------ a candidate that fails
+
+class KillsTwoWorkerPools(Numbers):
+    """The first worker of a two-worker pool is killed (SIGKILL, as the OOM killer does) at its first sample."""
+
+    def __getitem__(self, i):
+        import os
+        import signal
+
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is not None and info.num_workers == 2 and info.id == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)
+
+
+class ShmFullInTwoWorkerPools(Numbers):
+    """A two-worker pool's workers fail as when /dev/shm is full; one worker is fine."""
+
+    def __getitem__(self, i):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is not None and info.num_workers == 2:
+            raise RuntimeError("unable to write to file </torch_123_456_0>: No space left on device (28)")
+        return super().__getitem__(i)
+
+
+class BadSample(Numbers):
+    """Sample 37 is broken, in every process: the plain loader raises too."""
+
+    def __getitem__(self, i):
+        if i == 37:
+            raise ValueError("sample 37 is corrupt")
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("kind", [KillsTwoWorkerPools, ShmFullInTwoWorkerPools])
+@pytest.mark.parametrize("part_batches", [0, 4])  # the switch at the epoch's end, or after batch 4 of epoch 2
+def test_a_candidate_whose_workers_fail_hands_the_epoch_back_with_one_warning(tmp_path, kind, part_batches):
+    path = write_recipe(tmp_path / "autotune.json", config=P1)
+    dataset = kind(64)  # 8 batches of 8
+    loader = autotune.dataloader(dataset, path, adapt=True, shuffle=True, generator=torch.Generator().manual_seed(6))
+    # P2 from epoch 3 (epoch boundaries only), or from batch 5 of epoch 2 (its prefetch handed back)
+    loader.policy = Scripted([P1] * (3 if part_batches else 2) + [P2] + [P1] * 4)
+    loader.part_batches = part_batches
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = batches(loader, 3)
+    plain = DataLoader(Numbers(64), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(6))
+    assert got == batches(plain, 3)  # none lost or repeated: the incumbent went on at the failed batch
+    said = [str(w.message) for w in caught if "autotune adapt" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith(f"autotune adapt: {P2.describe()} failed (") and (
+        f"back to {P1.describe()}, the epoch goes on at batch " in said[0])
+    crash, = (e for e in loader.history.events if e.decision == "crash")
+    assert (crash.config, crash.next_config) == (P2, P1) and P2 in loader.policy.failed
+    gc.collect()  # a pool whose start failed is cleaned up when its traceback goes
+    assert loader.config == P1 and workers_alive() == 1
+
+
+def test_a_dataset_error_the_plain_loader_meets_too_is_raised_after_any_switch(tmp_path):
+    path = write_recipe(tmp_path / "autotune.json", config=P1)
+    plain = DataLoader(BadSample(64), batch_size=8, num_workers=1)
+    with pytest.raises(ValueError, match="sample 37 is corrupt"):
+        batches(plain, 1)
+    loader = autotune.dataloader(BadSample(64), path, adapt=True)
+    loader.policy, loader.part_batches = Scripted([P1, P2]), 4  # P2 from batch 5, the one with sample 37
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(ValueError, match="sample 37 is corrupt"):
+        warnings.simplefilter("always")
+        batches(loader, 1)  # P2 hands the epoch back, and P1 meets the same sample
+    assert loader.config == P1 and P2 in loader.policy.failed
+    assert not [w for w in caught if "autotune adapt" in str(w.message)]  # no word of a recovery
+    # the starting configuration has no incumbent behind it: its error is the user's at once
+    first = autotune.dataloader(BadSample(64), path, adapt=True)
+    with pytest.raises(ValueError, match="sample 37 is corrupt"):
+        batches(first, 1)
+    assert not first.policy.failed
+
+
+# ------------------------------------------------------------------------------ the thread split
+
+def test_the_thread_split_moves_the_main_processs_threads_in_place_and_gives_them_back(tmp_path, monkeypatch):
+    from autotune.process._settings import torch_default_threads
+
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    before = torch.get_num_threads()
+    default = max(torch_default_threads())
+    try:
+        torch.set_num_threads(default)  # torch's own count: not the user's
+        path = write_recipe(tmp_path / "autotune.json", config=P1)
+        loader = autotune.dataloader(Numbers(48), path, adapt=True)
+        assert loader.policy.threads == default and "main_threads" not in loader.policy.fixed
+        one = P1.refit(main_threads=1)
+        loader.policy = Scripted([P1, one, P1.refit(main_threads=2), one])
+        pool = loader.loader
+        seen = []
+        batches(loader, 2, check=lambda lo: seen.append(torch.get_num_threads()))
+        assert seen == [default] * 6 + [1] * 6 and loader.loader is pool  # the same workers went on
+        loader.close()
+        assert torch.get_num_threads() == default  # given back as found
+        # the user set the count while the loader ran: theirs wins, the split stops moving
+        loader = autotune.dataloader(Numbers(48), path, adapt=True)
+        loader.policy = Scripted([P1, one, P1.refit(main_threads=2)])
+        batches(loader, 1)
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(3)
+        batches(loader, 1)
+        assert torch.get_num_threads() == 3 and "main_threads" in loader.policy.fixed
+        loader.close()
+        assert torch.get_num_threads() == 3
+        # the user set it before: the split never moves
+        user = default + 1
+        torch.set_num_threads(user)
+        loader = autotune.dataloader(Numbers(48), path, adapt=True)
+        assert loader.policy.threads is None and {"main_threads", "worker_threads"} <= loader.policy.fixed
+        batches(loader, 3)  # the real policy: its moves leave the threads alone
+        assert torch.get_num_threads() == user and all(e.next_config.main_threads is None
+                                                       for e in loader.history.events)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_thread_count_the_run_kept_starts_the_next_run_unless_the_user_set_one(tmp_path, monkeypatch):
+    from autotune.process._settings import torch_default_threads
+
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    before = torch.get_num_threads()
+    default = max(torch_default_threads())
+    try:
+        torch.set_num_threads(default)
+        path = write_recipe(tmp_path / "autotune.json", config=P1)  # no measured gain: threads left alone
+        one = P1.refit(main_threads=1)
+        with autotune.dataloader(Numbers(40), path, adapt=True) as loader:
+            loader.policy = Scripted([P1, one])
+            loader.policy.incumbent = one  # as if the move was kept
+            batches(loader, 2)
+        assert torch.get_num_threads() == default
+        plain = autotune.dataloader(Numbers(40), path)  # the next run starts from what the real step measured
+        assert torch.get_num_threads() == 1 and "torch.set_num_threads(1) in main process" in " ".join(
+            plain.autotune.applied)
+        torch.set_num_threads(default + 1)  # the user's count wins over what was learned
+        with pytest.warns(UserWarning, match="main_threads=1: the user's torch.set_num_threads"):
+            autotune.dataloader(Numbers(40), path)
+        assert torch.get_num_threads() == default + 1
+    finally:
+        torch.set_num_threads(before)

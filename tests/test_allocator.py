@@ -10,13 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from autotune.errors import AutotuneError
 from autotune.process import _allocator as allocator
-from autotune.process._allocator import (
-    ALLOCATORS,
-    apply_mallopt,
-    availability,
-    find_library,
-)
+from autotune.process import _family as allocators
+from autotune.process._allocator import apply_mallopt
+from autotune.process._family import availability
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 FAULTS_SCRIPT = r"""
 import json, resource, sys
 import numpy as np
-from autotune.process import _allocator as allocator
+from autotune.process import _allocator as allocator, _family
 ok = allocator.apply_mallopt() if sys.argv[1] == "mallopt" else None
 def once():
     a = np.empty(64 << 20, dtype=np.uint8)
@@ -37,7 +35,7 @@ before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(5):
     once()
 after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-print(json.dumps({"ok": ok, "faults": after - before, "active": allocator.active_allocator()}))
+print(json.dumps({"ok": ok, "faults": after - before, "active": _family.active()}))
 """
 ROUNDS = 5
 HUGE_PAGES_PER_BUFFER = (64 << 20) // (2 << 20)  # the fewest faults a fresh 64 MB mapping can cost
@@ -62,8 +60,14 @@ def run_faults(mode: str, env: dict[str, str] | None = None) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def find_library(name: str) -> str | None:
+    cls = allocators.get(name)
+    assert issubclass(cls, allocators.Preloaded)
+    return cls.library()
+
+
 def test_allocator_names():
-    assert ALLOCATORS == ("glibc", "glibc-tuned", "tcmalloc", "jemalloc")
+    assert allocators.names() == ("glibc", "glibc-tuned", "tcmalloc", "jemalloc")
 
 
 def test_not_available_report_when_libraries_cannot_be_found(tmp_path, monkeypatch):
@@ -91,18 +95,19 @@ def test_find_library_prefers_tcmalloc_minimal(tmp_path, monkeypatch):
     assert availability()["tcmalloc"] is None
 
 
-def test_find_library_rejects_unknown_name():
-    with pytest.raises(ValueError, match=r"one of tcmalloc, jemalloc, but got 'mimalloc'"):
-        find_library("mimalloc")
+def test_an_unknown_allocator_is_refused_naming_the_valid_ones():
+    with pytest.raises(AutotuneError, match=r"^Unknown allocator 'mimalloc'. Valid allocators: glibc, glibc-tuned, "
+                                            r"tcmalloc, jemalloc.$"):
+        allocators.get("mimalloc")
 
 
 @pytest.mark.parametrize("name", ["tcmalloc", "jemalloc"])
 def test_find_library_finds_installed_library(name):
     path = find_library(name)
     if path is None:
-        pytest.skip(f"{name} is not installed here (apt-get install {allocator.PACKAGES[name]})")
+        pytest.skip(f"{name} is not installed here (apt-get install {allocators.get(name).package})")
     assert os.path.exists(path)
-    assert os.path.basename(path) in allocator.PRELOAD_LIBRARIES[name]
+    assert os.path.basename(path) in allocators.get(name).libraries
     assert availability()[name] is None
 
 
@@ -140,7 +145,7 @@ def test_active_allocator_is_glibc_without_preload():
 def test_active_allocator_sees_preload(name):
     path = find_library(name)
     if path is None:
-        pytest.skip(f"{name} is not installed here (apt-get install {allocator.PACKAGES[name]})")
+        pytest.skip(f"{name} is not installed here (apt-get install {allocators.get(name).package})")
     assert run_faults("plain", child_env(LD_PRELOAD=path))["active"] == name
 
 

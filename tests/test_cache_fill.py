@@ -178,6 +178,37 @@ def test_the_fill_writes_memory_files_and_closes_their_descriptors():
     assert memory_files() == before
 
 
+class Rows(Dataset):
+    """Rows of 1 MiB, each all its own index (a row written at another's position shows at once), returned
+    permuted as a decoded HWC image returned CHW is: a strided view, which the write stages into a row."""
+
+    def __len__(self) -> int:
+        return 48
+
+    def __getitem__(self, i: int):
+        return np.full((1024, 256), i, dtype=np.float32).T
+
+
+def test_threads_filling_one_cache_keep_every_sample_at_its_own_position():
+    """The memory files are written through one staged row per writer: two threads of one process filling the
+    same cache (a thread-pool loader, a second loader in another thread) must not stage over each other."""
+    import threading
+
+    dataset = Rows()
+    for _ in range(3):
+        cache = FirstEpochCache(dataset)
+        assert cache.files is not None
+        threads = [threading.Thread(target=lambda c=cache, s=s: [c[k] for k in range(s, len(dataset), 4)])
+                   for s in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert cache.whole
+        wrong = [k for k in range(len(dataset)) if not np.array_equal(cache[k], dataset[k])]
+        assert not wrong, f"positions {wrong} hold another sample than dataset[i]"
+
+
 def _link(path: str) -> str:
     try:
         return os.readlink(path)

@@ -20,7 +20,8 @@ READS_A_RECIPE = {"search": ["data.py"], "show": [], "check": [], "report": [], 
                   "validate": ["data.py"]}
 REPORTS = [["search", "data.py"], ["show"], ["check"], ["report"], ["run", "--dry-run", "--", "true"],
            ["validate", "data.py"], ["diagnose", "data.py"], ["cache", "list"], ["cache", "clear"]]
-CHOOSES_A_PROFILE = [["show"], ["check"], ["run", "--", "true"], ["validate", "data.py"], ["search", "data.py"]]
+CHOOSES_A_PROFILE = [["show"], ["check"], ["run", "--", "true"], ["validate", "data.py"], ["search", "data.py"],
+                     ["report"], ["diagnose", "data.py", "--recipe", "autotune.json"]]
 HAS_PROGRESS = [["search", "data.py"], ["diagnose", "data.py"]]
 
 
@@ -117,3 +118,13 @@ def test_an_errors_exit_status_is_the_same_with_debug(tmp_path, capsys, debug):
     err = capsys.readouterr().err
     assert err.count("autotune: error:") == 2
     assert ("Traceback (most recent call last)" in err) == bool(debug)
+
+
+def test_report_shows_the_profile_of_the_ranks_asked(tmp_path, capsys):
+    path = tmp_path / "autotune.json"
+    RecipeFile.merge_write(path, make_profile(hardware.collect(ranks_per_node=2), 1))
+    html = str(tmp_path / "r.html")
+    assert main(["report", "-r", str(path), "--html", html, "--json"]) == 0  # one process alone: the nearest
+    assert any(n.startswith("No profile was tuned on this machine") for n in json.loads(capsys.readouterr().out)["notes"])
+    assert main(["report", "-r", str(path), "--html", html, "--ranks-per-node", "2", "--json"]) == 0
+    assert not any(n.startswith("No profile") for n in json.loads(capsys.readouterr().out)["notes"])

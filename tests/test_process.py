@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from autotune.config import LoaderConfig
 from autotune.process import _allocator as allocator
+from autotune.process import _family as allocators
 from autotune.process import _settings as process
 from autotune.process._settings import (
     ProcessSettings,
@@ -29,7 +30,7 @@ from autotune.process._settings import (
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 GLIBC = allocator.is_glibc()
-TCMALLOC = allocator.find_library("tcmalloc")
+TCMALLOC = allocators.get("tcmalloc").library()
 BUFFER = 64 << 20
 ROUNDS = 5
 MAX_ROUNDS = 60
@@ -183,7 +184,7 @@ def fake_libraries(tmp_path: Path, monkeypatch, *names: str) -> dict[str, str]:
     monkeypatch.setenv(allocator.ENV_LIBRARY_PATH, str(tmp_path))
     paths = {}
     for name in names:
-        path = tmp_path / allocator.PRELOAD_LIBRARIES[name][0]
+        path = tmp_path / allocators.get(name).libraries[0]
         path.write_bytes(b"")
         paths[name] = str(path)
     return paths
@@ -276,7 +277,7 @@ def test_command_line(tmp_path, monkeypatch):
 
 def test_needs_fresh_process(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(allocator, "active_allocator", lambda: "glibc")
+    monkeypatch.setattr(allocators, "active", lambda: "glibc")
     fake_libraries(tmp_path, monkeypatch, "tcmalloc")
     assert needs_fresh_process(ProcessSettings()) is False
     assert needs_fresh_process(ProcessSettings(allocator="glibc-tuned")) is False  # mallopt at run time
@@ -285,7 +286,7 @@ def test_needs_fresh_process(tmp_path, monkeypatch):
     # jemalloc is missing here, so it falls back to glibc-tuned, which needs no fresh process
     assert needs_fresh_process(ProcessSettings(allocator="jemalloc")) is False
     # a process started with tcmalloc cannot go back to glibc
-    monkeypatch.setattr(allocator, "active_allocator", lambda: "tcmalloc")
+    monkeypatch.setattr(allocators, "active", lambda: "tcmalloc")
     assert needs_fresh_process(ProcessSettings(allocator="tcmalloc")) is False
     assert needs_fresh_process(ProcessSettings()) is True
 
@@ -366,9 +367,9 @@ def test_child_started_with_launch_env_has_tuned_glibc():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", ["tcmalloc", "jemalloc"])
 def test_child_started_with_launch_env_has_preload_mapped(name):
-    path = allocator.find_library(name)
+    path = allocators.get(name).library()
     if path is None:
-        pytest.skip(f"{name} is not installed here (apt-get install {allocator.PACKAGES[name]})")
+        pytest.skip(f"{name} is not installed here (apt-get install {allocators.get(name).package})")
     env, notes = launch_env(ProcessSettings(allocator=name), clean_env(LD_PRELOAD="/nonexistent-but-kept.so"))
     assert notes == []
     assert env["LD_PRELOAD"] == f"{path}:/nonexistent-but-kept.so"

@@ -155,6 +155,17 @@ class Memmapped(Dataset):
         return torch.from_numpy(np.array(self.array[i])), i
 
 
+class ThreadPooled(Computed):
+    """Each sample's file read on a thread of a pool (multi-file samples, a library reading on its IO thread):
+    the open happens in a thread the read started, not in the reading thread."""
+
+    def __getitem__(self, i):
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(Computed.__getitem__, self, i).result()
+
+
 def _labels(root: Path, change: dict[int, int] | None = None) -> None:
     labels = {f"{i:05d}": i % 5 for i in range(N)}
     for i, v in (change or {}).items():
@@ -199,6 +210,7 @@ PATTERNS = {
     "path list": (PathList, _edit_sample_files),
     "basenames + root": (Basenames, _edit_sample_files),
     "computed from the index": (Computed, _edit_sample_files),
+    "read in a thread pool": (ThreadPooled, _edit_sample_files),
     "labels in a JSON dict": (JsonLabels, _relabel),
     "labels in a pandas frame": (CsvLabels, _relabel),
     "labels in csv rows": (CsvRows, _relabel),
@@ -265,6 +277,29 @@ def test_an_edit_outside_the_probes_is_never_served_stale(tmp_path, pattern, bac
         warnings.simplefilter("error")  # unchanged now: reused without a word
         again = open_or_build(backend, make(data), root=root, manifest=caches.dataset_key(make(data)), progress=False)
     assert again.origin == "reused"
+
+
+def test_a_fill_that_cannot_record_what_its_reads_opened_keeps_nothing_unrecorded(tmp_path):
+    """A record is kept only once what its read opened is on record: a process whose record of its sources
+    fails (no descriptor left, a full disk) stops keeping, so no cache is committed blind to those files."""
+    data, root = _data(tmp_path), tmp_path / "caches"
+    edited = [i for i in range(8, N) if i not in probe_indices(N)][:2]  # read after the fill's head
+    dataset = Computed(data)
+    fill = open_or_fill("pickle", dataset, root=root, manifest=caches.dataset_key(dataset))
+    record = fill.staging / f"sources-{os.getpid()}.jsonl"
+    record.rename(fill.staging / "sources-0.jsonl")  # the head's record, still read by the commit
+    # From here on this process's record cannot be appended to (EINVAL; EMFILE or ENOSPC in the field), while
+    # the commit can still read every record file
+    record.symlink_to("/proc/version")
+    got = [s for batch in DataLoader(fill, batch_size=4, collate_fn=list) for s in batch]
+    assert all(samples_equal(got[i], dataset[i]) for i in range(N))
+    fill.close()
+    for i in edited:
+        edit_file(data / f"{i:05d}.npy", 100.0 + i)
+    live = Computed(data)
+    cache = open_or_build("pickle", live, root=root, manifest=caches.dataset_key(live), progress=False)
+    served = _served(cache)
+    assert all(samples_equal(served[i], live[i]) for i in range(N)), "a sample other than dataset[i]"
 
 
 def test_the_record_lists_every_file_the_reads_opened_and_nothing_else(tmp_path):
@@ -479,6 +514,42 @@ def test_a_fill_that_finds_a_draw_keeps_nothing_and_every_epoch_is_the_source(tm
         fill.close()
         assert fill.committed in (None, False)
         assert [e for e in caches.list_caches(root) if e["kind"] == "cache"] == []
+
+
+class DrawsAtOne(Computed):
+    """Draws at one index only, in the middle of a batch: a batch's watch must still name that index."""
+
+    ONE = 13
+
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return (x + float(np.random.rand()) if i == self.ONE else x), y
+
+
+@pytest.mark.parametrize("workers", (0, 2))
+def test_a_draw_inside_a_watched_batch_is_named_by_its_index(tmp_path, workers, caplog):
+    """Builds and fills watch the generators once per batch, not per read: the index that drew is still
+    the one named, in the build's error and in the fill's warning."""
+    from autotune.caches._base import read_source
+    from autotune.caches._draws import RandomSamples, last_line
+    from autotune.caches._fill import FirstEpochCache, GatheringFill
+    from autotune.caches._gather import collate_gathered
+    from autotune.caches._memory import MemoryCache
+
+    dataset = DrawsAtOne(_data(tmp_path))
+    for build in (lambda: MemoryCache.build(dataset, range(N), manifest={}, progress=False, workers=workers),
+                  lambda: list(read_source(dataset, list(range(N)), workers=workers, progress=False))):
+        with pytest.raises(RandomSamples) as raised:
+            build()
+        assert last_line(raised.value).startswith("dataset[13] drew from numpy's global random state, so no cache")
+    fill = FirstEpochCache(dataset)
+    loader = torch.utils.data.DataLoader(GatheringFill(fill), batch_size=8, num_workers=workers,
+                                         collate_fn=collate_gathered, multiprocessing_context="fork" if workers else None)
+    with caplog.at_level("WARNING", logger="autotune"):
+        batches = [b for b in loader]
+    assert len(batches) == N // 8 and not fill.whole and fill.random[0] == 1
+    if not workers:  # a worker logs in its own process
+        assert "dataset[13] drew from numpy's global random state" in caplog.text
 
 
 # ----------------------------------------------------------------------- in-memory data, any container

@@ -15,10 +15,11 @@ from autotune.cli import _run as run_cmd
 from autotune.cli._main import build_parser, main
 from autotune.machine import _hardware as hardware
 from autotune.process import _allocator as allocator
+from autotune.process import _family as allocators
 from autotune.process._settings import ProcessSettings
 
 REPO = Path(__file__).resolve().parents[1]
-TCMALLOC = allocator.find_library("tcmalloc")
+TCMALLOC = allocators.get("tcmalloc").library()
 
 
 def write_recipe(path: Path, config: dict, hw: dict | None = None) -> Path:

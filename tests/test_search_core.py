@@ -11,7 +11,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.config import DEFAULT, LoaderConfig
+from autotune.config import DEFAULT, LOADER_KEYS, WORKER_LOADER_KEYS, LoaderConfig
 from autotune.dataset._probe import Probe
 from autotune.dataset._userfile import UserSpec
 from autotune.errors import AutotuneError
@@ -165,6 +165,14 @@ def test_grid_holds_exactly_the_valid_points():
     # workers 1..2 x prefetch 2 x persistent 2 x (fork: 1 thread, spawn: 2) = 2*2*2*3 = 24, plus 0 workers;
     # times main threads 3 x caches 3 x allocators 2
     assert len(grid) == (24 + 1) * 3 * 3 * 2
+
+
+def test_the_dataloader_keywords_a_configuration_sets_are_listed_once():
+    # what the factory lets a caller override and a loader without workers drops (config.LOADER_KEYS)
+    with_workers = {tuple(sorted(c.loader_kwargs())) for c in SPACE.grid() if c.num_workers}
+    assert with_workers == {tuple(sorted(LOADER_KEYS))}
+    assert {tuple(sorted(c.loader_kwargs())) for c in SPACE.grid() if not c.num_workers} == {
+        tuple(sorted(set(LOADER_KEYS) - set(WORKER_LOADER_KEYS)))}
 
 
 def test_params_for_refuses_a_point_outside_the_space():
@@ -352,6 +360,24 @@ def test_tied_candidates_go_to_the_smaller_change():
     winner, _ = choose({c: sorted(v)[1] for c, v in runs.items()}, {c: 3 for c in runs}, DEFAULT,
                        Spread.pooled(runs))
     assert winner == WORKERS  # 4.9-5.05 s and 4.9-5.1 s: tied; two settings changed against four
+
+
+def test_a_tie_between_winners_goes_to_the_smaller_change_only_when_it_costs_the_same():
+    """The 10,000-JPEG search inside a 1.2 GiB limit: the default's runs 151.8 and 95.6 s widened every
+    interval, so a 0-worker partial cache (62.5 s) was 'tied' with two workers filling it (48.8 s) and won
+    for changing fewer settings; the run then took 64 s against the grid's 47 s."""
+    zero_workers = LoaderConfig(cache="memory", cache_share=0.05)
+    filled = LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True, cache="memory",
+                          cache_share=0.05, cache_fill="first_epoch")
+    runs = {DEFAULT: [151.8, 95.6], zero_workers: [64.1, 62.5, 62.5], filled: [46.9, 50.6]}
+    totals = {DEFAULT: 123.7, zero_workers: 62.5, filled: 48.75}
+    counts = {c: len(v) for c, v in runs.items()}
+    spread = Spread.pooled(runs)
+    assert ratio(62.5, 3, 48.75, 2, spread).tied  # the interval alone cannot tell them apart
+    winner, ratios = choose(totals, counts, DEFAULT, spread)
+    assert winner == filled and ratios[zero_workers].faster
+    close = {**totals, zero_workers: 48.75 * 1.04}  # within 5%: the smaller change still wins the tie
+    assert choose(close, counts, DEFAULT, spread)[0] == zero_workers
 
 
 def test_one_run_each_uses_the_prior_spread():

@@ -32,3 +32,30 @@ def test_the_commands_own_process_ends_with_exit_2_and_one_line():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert done.stderr.startswith("autotune: error: dataset[7] had not returned after") and done.stderr.count("\n") == 1
+
+
+def test_a_hang_outside_the_main_thread_is_never_a_ctrl_c_in_the_main_thread():
+    """autotune.search() called from a thread of the user's: the main thread is not the reader, and a SIGINT
+    sent to it would be a Ctrl-C of nobody's making there. The hang is said, and waited for."""
+    code = ("import threading, time\nfrom autotune.dataset._watchdog import guarded, reading\n"
+            "def search():\n    with guarded(time.monotonic() + 60, 0.3):\n"
+            "        with reading('dataset[5]'):\n            time.sleep(1.5)\n"
+            "t = threading.Thread(target=search)\nt.start()\ntime.sleep(3)\nt.join()\n"
+            "print('the main thread was left alone')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "the main thread was left alone\n"), done.stderr
+    assert "dataset[5] had not returned after" in done.stderr and "KeyboardInterrupt" not in done.stderr
+
+
+def test_a_programs_own_sigint_handler_is_never_fired_by_autotune():
+    import signal
+
+    fired = []
+    before = signal.signal(signal.SIGINT, lambda *_: fired.append(True))
+    try:
+        with guarded(time.monotonic() + 60, 0.3):
+            with reading("dataset[4]"):
+                time.sleep(1.5)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert fired == [], "the program's Ctrl-C handler ran though nobody pressed Ctrl-C"

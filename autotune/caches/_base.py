@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import datetime as _dt
 import errno
 import glob
@@ -22,13 +23,14 @@ import numpy as np
 import torch
 
 from autotune.caches import _provenance
-from autotune.caches._codec import Schema, infer_schema, sample_digest
+from autotune.caches._codec import Schema, infer_schema, sample_digest, unpack
 from autotune.caches._draws import RandomSamples, WatchedReads, message
 from autotune.caches._lease import LEASE, Lease, exclusive
 from autotune.caches._own import MARKER, is_marked, make_own, mark, remove_own
 from autotune.caches._provenance import Sources
 from autotune.caches._trust import UntrustedCache, check_trusted, sign, signature_problem
 from autotune.errors import AutotuneError
+from autotune.machine import files_under
 
 FORMAT_VERSION = 4  # 2: content-addressed directories, build facts, probe digests; 3: pickle's record index;
 # 4: the sources every sample was read from (``_provenance``), a signed manifest
@@ -69,14 +71,18 @@ class _Indexed(torch.utils.data.Dataset[Any]):
     def __getitem__(self, k: int) -> bytes:
         return pickle.dumps(self.reads.read(self.indices[k]), protocol=5)
 
+    def _wires(self, positions: list[int]) -> list[bytes]:
+        return [pickle.dumps(sample, protocol=5)  # watched once per chunk
+                for sample in self.reads.read_all([self.indices[k] for k in positions])]
+
     def __getitems__(self, positions: list[int]) -> tuple[torch.Tensor, list[int], list[tuple[str, Any]]]:
         if not self.record:
-            wires = [self[k] for k in positions]
+            wires = self._wires(positions)
             return torch.frombuffer(bytearray(b"".join(wires)), dtype=torch.uint8), [len(w) for w in wires], []
         if self._sources is None:
             self._sources = Sources()
         with self._sources.recording():
-            wires = [self[k] for k in positions]
+            wires = self._wires(positions)
         self._sources.scan_process()
         new = self._sources.take_new()
         return torch.frombuffer(bytearray(b"".join(wires)), dtype=torch.uint8), [len(w) for w in wires], new
@@ -115,14 +121,13 @@ def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progr
                 it._shutdown_workers()  # type: ignore[attr-defined]  # private, and the only way: an interrupted build leaves no worker behind
         else:
             reads = WatchedReads(dataset)
-            for i in indices:
-                if sources is None:
-                    sample = reads.read(i)
-                else:
-                    with sources.recording():
-                        sample = reads.read(i)
-                yield sample
-                bar.update(1)
+            for start in range(0, len(indices), _CHUNK):  # watched a chunk at a time, as in the workers
+                chunk = indices[start:start + _CHUNK]
+                with sources.recording() if sources is not None else contextlib.nullcontext():
+                    samples = reads.read_all(chunk)
+                for sample in samples:
+                    yield sample
+                    bar.update(1)
     if sources is not None:
         sources.scan_process(maps=True)
 
@@ -163,8 +168,6 @@ def sources_for(manifest: dict[str, Any], root: Path) -> Sources:
     sources = Sources(exclude=[root])
     data_dir = (manifest.get("facts") or {}).get("data_dir")
     if isinstance(data_dir, str) and os.path.isdir(data_dir):
-        from autotune.machine._evict import files_under
-
         for f in sorted(files_under(data_dir)):
             sources.add(f)
     return sources
@@ -386,8 +389,6 @@ class DiskCache(Cache):
         """Store the packed records (``codec.pack``) that a fill wrote, position k at ``records[k]`` =
         (file, offset, length, crc32), into ``tmp``; backend facts for the manifest. The default unpacks
         them into ``_write``; a backend that stores such records as they are overrides it."""
-        from autotune.caches._codec import unpack
-
         def samples() -> Generator[Any, None, None]:
             fds: dict[Path, int] = {}
             try:

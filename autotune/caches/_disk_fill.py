@@ -209,8 +209,13 @@ class DiskFill(Dataset[Any]):
             try:
                 with open(self.staging / f"sources-{os.getpid()}.jsonl", "a") as fh:
                     fh.write("".join(json.dumps([p, st]) + "\n" for p, st in new))
-            except OSError:  # the staging folder is gone: this fill commits nothing anyway
-                pass
+            except OSError as exc:
+                # What this read opened is not on record, so neither this sample nor any later one of this
+                # process may be kept: a cache committed without them could not see those files change.
+                if local is not None and not local.broken:
+                    local.broken = True
+                    log.warning("autotune: the cache fill stopped writing (its record of the source files "
+                                "failed: %s); this run reads the source", exc)
         return sample
 
     def _keep(self, k: int, sample: Any) -> None:

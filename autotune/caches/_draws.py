@@ -6,7 +6,8 @@ p=0.1 looks deterministic nine times in ten). Watching the generators does not d
 a read that advanced Python's ``random``, numpy's global ``RandomState``, torch's default CPU
 generator, or a generator the dataset holds (``self.rng = np.random.default_rng()``, a
 ``random.Random``, a ``torch.Generator``), drew from it, whatever it drew. Builds and fills read
-every sample through ``watched_read``; the determinism check reads a few with it up front.
+every sample through ``WatchedReads``, a batch at a time where they read in batches; the determinism
+check reads a few with it up front.
 
 Not seen: randomness from the operating system (``os.urandom``, an unseeded ``default_rng()`` made
 inside ``__getitem__``); two reads and the probed samples are the defence there.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -139,11 +140,40 @@ class WatchedReads:
             raise RandomSamples(message(i, f"drew from {drawn}"))
         return sample
 
-    def read_noting(self, i: int) -> tuple[Any, str | None]:
-        """``dataset[i]`` and the generator the read drew from (None: it drew from none)."""
+    def read_all(self, indices: Sequence[int]) -> list[Any]:
+        """``[dataset[i] for i in indices]``, raising RandomSamples when a read drew from a generator."""
+        samples, drawn = self.read_all_noting(indices)
+        if drawn is not None:
+            raise RandomSamples(message(*drawn))
+        return samples
+
+    def read_all_noting(self, indices: Sequence[int]) -> tuple[list[Any], tuple[int, str] | None]:
+        """``[dataset[i] for i in indices]`` and, when a read drew, ``(i, "drew from <generator>")`` of one
+        that did. The generators are compared once around the whole batch, not around each read: a
+        draw anywhere in it moves a state for good, so it is seen as surely, and the states' copies and
+        comparisons (a quarter of a JPEG read's time, paid per sample) are paid once per batch. Only a
+        batch that drew is read again, one sample at a time, to name the index that draws."""
+        watch = self._watch_here()
+        before = watch.snapshot()
+        samples = [self.dataset[i] for i in indices]
+        drawn = watch.drew(before)
+        if drawn is None:
+            return samples, None
+        for i in indices:
+            _, again = self.read_noting(i)
+            if again is not None:
+                return samples, (int(i), f"drew from {again}")
+        return samples, (int(indices[0]), f"drew from {drawn} (read with the rest of its batch)")
+
+    def _watch_here(self) -> DrawWatch:
         watch = self._watch
         if watch is None or watch.pid != os.getpid():  # a worker watches its own copies of the generators
             watch = self._watch = DrawWatch(self.dataset)
+        return watch
+
+    def read_noting(self, i: int) -> tuple[Any, str | None]:
+        """``dataset[i]`` and the generator the read drew from (None: it drew from none)."""
+        watch = self._watch_here()
         before = watch.snapshot()
         sample = self.dataset[i]
         return sample, watch.drew(before)

@@ -111,6 +111,14 @@ class FirstEpochCache(Dataset[Any]):
                         message(self.indices[k], f"drew from {drawn}"))
         return sample
 
+    def _read_all(self, ks: Sequence[int]) -> list[Any]:
+        """``_read`` of each position of ``ks``, the generators watched once around them all."""
+        samples, drawn = self._reads.read_all_noting([self.indices[k] for k in ks])
+        if drawn is not None and self.random is not None and not self.random[0]:
+            self.random[0] = 1
+            log.warning("autotune: %s; this run reads the source every epoch and keeps no cache.", message(*drawn))
+        return samples
+
     def _keep(self, k: int, sample: Any) -> None:
         if not self.attached or self.schema.has_blob_leaves or self.random[0]:
             return
@@ -190,7 +198,10 @@ class GatheringFill(Dataset[Any]):
         idx = np.asarray(positions, dtype=np.int64)
         # Each missing sample read once, from the source into the cache; kept in hand in case the batch
         # cannot be gathered (a sample the cache does not keep, a draw), so none is read twice.
-        read = {int(k): cache[int(k)] for k in idx[cache.filled[idx] == 0]}
+        missing = [int(k) for k in idx[cache.filled[idx] == 0]]
+        read = dict(zip(missing, cache._read_all(missing)))
+        for k, sample in read.items():
+            cache._keep(k, sample)
         if not (cache.filled[idx].all() and not cache.random[0]):
             return [read[k] if k in read else cache[k] for k in positions]
         if get_worker_info() is not None and os.getppid() == cache.owner:  # the training process unpickles it

@@ -72,7 +72,14 @@ class _ColumnWriter(torch.utils.data.Dataset[Any]):
         return len(self.indices)
 
     def __getitem__(self, k: int) -> tuple[int, bool, torch.Tensor | None]:
-        enc = encode(self.schema, self.reads.read(self.indices[k]))
+        return self._write(k, self.reads.read(self.indices[k]))
+
+    def __getitems__(self, positions: list[int]) -> list[tuple[int, bool, torch.Tensor | None]]:
+        samples = self.reads.read_all([self.indices[k] for k in positions])  # watched once per batch
+        return [self._write(k, sample) for k, sample in zip(positions, samples)]
+
+    def _write(self, k: int, sample: Any) -> tuple[int, bool, torch.Tensor | None]:
+        enc = encode(self.schema, sample)
         if enc.columns is not None and self.files is not None:
             for file, value in zip(self.files, enc.columns):
                 file.write(k, value)

@@ -5,7 +5,8 @@ has the size, mtime_ns, ctime_ns and inode it had when it was opened for that re
 file" is the union of
 
 - each file a read opened through Python (``open``, ``os.open``, numpy, Pillow; the audit hook of
-  ``machine._evict``), stated at the moment of the open, before a byte of it is read, and kept under
+  ``machine._evict``), in its thread or any thread it started (a pool reading a sample's files), stated
+  at the moment of the open, before a byte of it is read, and kept under
   the path as it was opened, so a symbolic link retargeted later reads as another file;
 - each regular file a reading process holds open read-only, or maps without write access, at a chunk
   boundary (native readers that bypass Python: an ``h5py.File`` or an LMDB environment opened in
@@ -91,7 +92,8 @@ class Sources:
 
     @contextmanager
     def recording(self) -> Iterator[None]:
-        """Record what the block opens for reading in this thread."""
+        """Record what the block opens for reading in this thread, and in threads that record nothing themselves
+        (``machine._evict.recording``: a read may open its files from a thread pool)."""
         with _evict.recording(self):
             yield
 

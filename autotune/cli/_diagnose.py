@@ -41,7 +41,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from autotune.cli._options import add_json, add_no_progress
+from autotune.cli._options import add_json, add_no_progress, add_ranks_per_node
 from autotune.dataset import load_user_file, require_map_style
 from autotune.errors import AutotuneError, RecipeError
 
@@ -63,6 +63,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     # floor is held against a recipe only when one is named.
     p.add_argument("-r", "--recipe", dest="floor_recipe", metavar="PATH", default=None,
                    help="a recipe file: its predicted whole run for this machine is shown as a multiple of the floor")
+    add_ranks_per_node(p)  # which of the recipe's profiles
     add_json(p)
     add_no_progress(p)
     p.set_defaults(func=run)
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             raise AutotuneError(f"--{flag.replace('_', '-')} must be a positive integer, but got {value}.")
     spec = load_user_file(args.target, batch_size=args.batch_size)
     require_map_style(spec, "diagnose")
-    recipe = _recipe_run(args.floor_recipe) if args.floor_recipe else None
+    recipe = _recipe_run(args.floor_recipe, args.ranks_per_node) if args.floor_recipe else None
     m, v = diagnose(spec, samples=args.samples, seed=args.seed, progress=_progress(args.progress is not False),
                     recipe=recipe)
     if args.progress is not False:
@@ -89,11 +90,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _recipe_run(path: str) -> tuple[float, str]:
-    """This machine's profile's predicted whole run and its configuration; RecipeError (exit 2) without one."""
+def _recipe_run(path: str, ranks_per_node: int | None) -> tuple[float, str]:
+    """This machine's profile's predicted whole run and its configuration (for ``ranks_per_node``, default
+    torchrun's ``LOCAL_WORLD_SIZE``); RecipeError (exit 2) without one."""
     from autotune._api import load
 
-    recipe = load(path, on_mismatch="error")
+    recipe = load(path, on_mismatch="error", ranks_per_node=ranks_per_node)
     total = recipe.measured.chosen.total_seconds
     if total is None:
         raise RecipeError(f"{path} holds no predicted whole run for this machine; run autotune search again.")

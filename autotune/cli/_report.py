@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from autotune.cli._options import add_json, add_recipe, print_json
+from autotune.cli._options import add_json, add_ranks_per_node, add_recipe, print_json
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -19,6 +19,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--html", metavar="PATH", default=None, help="HTML file to write (default report.html)")
     p.add_argument("-o", "--output", dest="html", default=None, help=argparse.SUPPRESS)  # the older spelling
     p.add_argument("--png", metavar="DIR", help="also write each plot as a PNG file in DIR")
+    add_ranks_per_node(p)
     add_json(p)
     p.set_defaults(func=run)
 
@@ -26,7 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     from autotune.diagnose._report import build_report
 
-    result = build_report(args.recipe, args.html or "report.html", args.png)
+    result = build_report(args.recipe, args.html or "report.html", args.png, ranks_per_node=args.ranks_per_node)
     if args.json:
         print_json({"recipe": str(args.recipe), "html": str(result.output), "png": [str(p) for p in result.pngs],
                     "notes": [n for n in (result.profile_note, None if result.study_opened else result.study_note)

@@ -10,7 +10,7 @@ from typing import Any
 from autotune.cli._options import add_profile_options, print_json
 from autotune.machine import _hardware as hardware
 from autotune.machine import ranks_per_node
-from autotune.process import PRELOAD_ALLOCATORS, command_line
+from autotune.process import command_line, get_allocator
 from autotune.recipe._factory_runs import FACTORY_NOTE
 from autotune.recipe._file import VERSION, Profile, RecipeFile
 from autotune.recipe._measured import Subset
@@ -80,7 +80,7 @@ def _process_command(p: Profile) -> str | None:
     """The exact command that starts training with the recipe's process settings."""
 
     settings = p.config.process_settings()
-    if settings.allocator not in PRELOAD_ALLOCATORS:
+    if not get_allocator(settings.allocator).preloaded:
         return None  # applied at run time by autotune.dataloader: nothing to do at start
     return f"{command_line(settings, ['python', 'train.py'])}   (or: autotune run -- python train.py)"
 

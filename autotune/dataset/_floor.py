@@ -161,7 +161,9 @@ class GatherEpochs:
         for start in range(0, len(order), self.batch_size):
             idx = order[start:start + self.batch_size]
             out, batch = self._buffers[len(idx)]
-            np.take(source, idx, axis=0, out=out)
+            # mode="clip": with the default "raise" numpy buffers ``out`` and copies every row twice (4x
+            # slower here); the order's indices are all in range, so clipping changes none of them.
+            np.take(source, idx, axis=0, out=out, mode="clip")
             yield batch
 
 

@@ -4,13 +4,15 @@ A read in the main thread cannot be interrupted safely (a dead network mount blo
 endless loop holds the interpreter), so a thread watches it instead: when a read outlives its allowance, or
 the deadline passes while one runs, the thread prints one line naming what was being read and ends the
 process with exit 2 when it is the ``autotune`` command's (``own_the_process``); in a user's process
-(``autotune.search()``) it interrupts the main thread instead, which raises one DatasetError. Every read
-inside ``guarded`` is watched; ``reading`` names the one under way.
+(``autotune.search()``) it interrupts the main thread instead, which raises one DatasetError, where that
+reaches the read: the block runs in the main thread and SIGINT is Python's own (else it warns and waits).
+Every read inside ``guarded`` is watched; ``reading`` names the one under way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -21,6 +23,7 @@ from collections.abc import Iterator
 from autotune.errors import DatasetError
 
 EXIT_CODE = 2
+log = logging.getLogger("autotune")
 
 _lock = threading.Lock()
 _reads: list[tuple[str, float, bool]] = []  # what is being read now, innermost last: since when, one read or not
@@ -55,10 +58,15 @@ def _overdue(now: float) -> str | None:
     return None
 
 
-def _watch(stop: threading.Event) -> None:
+def _watch(stop: threading.Event, interruptible: bool) -> None:
     while not stop.wait(0.1):
         problem = _overdue(time.monotonic())
         if problem is not None:
+            if not _process_is_ours[0] and not interruptible:
+                # A SIGINT would not reach the read: it runs outside the main thread (which would get a Ctrl-C
+                # of nobody's making), or the program handles or ignores SIGINT itself. Said, never forced.
+                log.warning("autotune: %s; it cannot be interrupted here, so it is waited for", problem)
+                return
             if not _process_is_ours[0]:
                 # The user's process (autotune.search(), a notebook, a test): never ended from here. The main
                 # thread is interrupted as Ctrl-C would be; ``guarded`` turns that into one DatasetError. A read
@@ -85,7 +93,9 @@ def guarded(deadline: float, per_read: float, fix: str = "fix that read, or pass
         # deadline too, not under the limit of one read
         _reads.append((what, time.monotonic(), False))
     stop = threading.Event()
-    thread = threading.Thread(target=_watch, args=(stop,), name="autotune-watchdog", daemon=True)
+    interruptible = (threading.current_thread() is threading.main_thread()
+                     and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    thread = threading.Thread(target=_watch, args=(stop, interruptible), name="autotune-watchdog", daemon=True)
     thread.start()
     try:
         yield

@@ -29,6 +29,7 @@ from autotune._units import format_bytes, format_seconds
 from autotune.config import DEFAULT, LoaderConfig
 from autotune.errors import AutotuneError, MeasurementError
 from autotune.machine import _hardware as hardware
+from autotune.machine import ranks_per_node as ranks_from
 from autotune.recipe._file import Profile, RecipeFile, choose_profile
 from autotune.recipe._measured import Measured
 from autotune.tuner._measurement import Measurement
@@ -351,12 +352,14 @@ def _hardware_pairs(hw: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def build_report(recipe_path: str | os.PathLike[str], output: str | os.PathLike[str] = "report.html",
-                 png_dir: str | os.PathLike[str] | None = None) -> ReportResult:
+                 png_dir: str | os.PathLike[str] | None = None, ranks_per_node: int | None = None) -> ReportResult:
     """Write the HTML report for this machine's profile in ``recipe_path`` (the nearest one when none
-    was tuned here), and the PNGs under ``png_dir`` when given."""
+    was tuned here) for ``ranks_per_node`` (default: torchrun's ``LOCAL_WORLD_SIZE``, else 1), and the PNGs
+    under ``png_dir`` when given."""
 
     rf = RecipeFile.read(recipe_path)
-    profile, changes = choose_profile(rf, hardware.collect(), on_mismatch="search")
+    hw = hardware.collect(ranks_per_node=ranks_from(ranks_per_node))
+    profile, changes = choose_profile(rf, hw, on_mismatch="search")
     result = ReportResult(output=Path(output))
     if changes:
         result.profile_note = (f"No profile was tuned on this machine; showing the nearest "

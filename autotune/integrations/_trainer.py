@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from autotune.process import DEFAULT_ALLOCATOR
+
 if TYPE_CHECKING:
     from autotune.config import LoaderConfig
 
@@ -33,7 +35,7 @@ def trainer_arguments(config: LoaderConfig) -> TrainerArguments:
     if workers and config.multiprocessing_context not in (None, "fork"):
         lost.append(f"multiprocessing_context={config.multiprocessing_context}: the Trainer's DataLoader uses the "
                     "default start method; set it with torch.multiprocessing.set_start_method")
-    if config.allocator != "glibc":
+    if config.allocator != DEFAULT_ALLOCATOR:
         lost.append(f"allocator={config.allocator}: start training with `autotune run -- python train.py`")
     if config.main_threads is not None:
         lost.append(f"main_threads={config.main_threads}: call torch.set_num_threads({config.main_threads}) "

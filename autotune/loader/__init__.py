@@ -14,6 +14,7 @@ from autotune.loader._dataloader import (
     move_to,
     with_transform,
 )
+from autotune.loader._order import EpochStream, reuses_iterator, stream_batches
 from autotune.loader._source import (
     CacheSite,
     FactorySite,
@@ -30,6 +31,7 @@ __all__ = [
     "READING",
     "CacheSite",
     "DeviceConsumer",
+    "EpochStream",
     "FactorySite",
     "Prepared",
     "Timer",
@@ -42,5 +44,7 @@ __all__ = [
     "partial_source",
     "prepare_source",
     "reading",
+    "reuses_iterator",
+    "stream_batches",
     "with_transform",
 ]

@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from autotune.config import LoaderConfig
+from autotune.config import WORKER_LOADER_KEYS, LoaderConfig
 from autotune.loader._order import own_batches, plain_order
-from autotune.process import worker_init
+from autotune.process import DEFAULT_ALLOCATOR, worker_init
 
 
 class Transformed(Dataset[Any]):
@@ -68,7 +68,7 @@ def make_loader(dataset: Any, config: LoaderConfig, *, user_worker_init: Callabl
     if kwargs["pin_memory"] and not torch.cuda.is_available():
         kwargs["pin_memory"] = False  # pinning without CUDA only warns and costs time
     settings = config.process_settings()
-    if config.num_workers and (settings.worker_threads or settings.allocator != "glibc"):
+    if config.num_workers and (settings.worker_threads or settings.allocator != DEFAULT_ALLOCATOR):
         kwargs["worker_init_fn"] = worker_init(settings, chain=user_worker_init)
     elif user_worker_init is not None:
         kwargs["worker_init_fn"] = user_worker_init
@@ -76,7 +76,7 @@ def make_loader(dataset: Any, config: LoaderConfig, *, user_worker_init: Callabl
     if loader_cls is not DataLoader:
         kwargs = own_batches(dataset, kwargs)  # its samplers may draw otherwise (StatefulDataLoader's do)
     if not kwargs.get("num_workers"):
-        for key in ("prefetch_factor", "persistent_workers", "multiprocessing_context"):
+        for key in WORKER_LOADER_KEYS:
             kwargs.pop(key, None)
         kwargs.pop("timeout", None)
     return plain_order(loader_cls)(dataset, **kwargs)

@@ -16,6 +16,7 @@ sampler, batch sampler and generator stay the caller's objects, untouched.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import torch
@@ -88,7 +89,8 @@ class OwnedBatches:
 
 
 class _EpochBatches:
-    """One epoch of ``OwnedBatches``; Stateful (``state_dict``/``load_state_dict``) for StatefulDataLoader."""
+    """One epoch of ``OwnedBatches``; Stateful (``state_dict``/``load_state_dict``) for StatefulDataLoader.
+    ``yielded`` counts the batches handed out: the epoch's position, which a resume skips to."""
 
     def __init__(self, owner: OwnedBatches):
         self.owner = owner
@@ -96,6 +98,9 @@ class _EpochBatches:
         self.start: Any = None  # the generator's state at the epoch's start, or the epoch's own seed
         self.yielded = 0
         self.skip = 0
+        self.in_flight: deque[list[int]] = deque()  # handed out, not yet delivered (an ``EpochStream``'s)
+        self.again: deque[list[int]] = deque()  # to hand out before the next drawn one (``EpochStream.rewind``)
+        self.delivered = 0  # batches the training loop received (an ``EpochStream``'s)
 
     def __iter__(self) -> _EpochBatches:
         return self
@@ -119,9 +124,12 @@ class _EpochBatches:
             next(self.batches)
 
     def __next__(self) -> list[int]:
-        if self.batches is None:
-            self._begin()
-        batch: list[int] = next(self.batches)
+        if self.again:
+            batch = self.again.popleft()
+        else:
+            if self.batches is None:
+                self._begin()
+            batch = next(self.batches)
         self.yielded += 1
         return batch
 
@@ -130,6 +138,88 @@ class _EpochBatches:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.start, self.yielded, self.skip, self.batches = state["start"], state["yielded"], state["yielded"], None
+        self.in_flight.clear()
+        self.again.clear()
+        self.delivered = self.yielded
+
+
+class _Current:
+    """What an ``EpochStream`` hands a loader as its sampler iterator: its current epoch, whichever that
+    is when asked (a loader may hold its iterator across epochs: a persistent one, a StatefulDataLoader's
+    made for ``state_dict``). Tracks what was handed out and not delivered."""
+
+    def __init__(self, stream: EpochStream):
+        self.stream = stream
+
+    def __iter__(self) -> _Current:
+        return self
+
+    def __next__(self) -> list[int]:
+        epoch = self.stream.epoch
+        batch = next(epoch)
+        epoch.in_flight.append(batch)
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.stream.epoch.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stream.epoch.load_state_dict(state)
+
+
+class EpochStream:
+    """An adapting loader's batch sampler: the batches of ``OwnedBatches`` (a plain loader's, drawn from the
+    caller's generator as it draws them), in epochs that outlive the loader iterating them. The adapting
+    loader says when an epoch begins and when a batch reached the training loop; a pool stopped mid-epoch
+    (a switch, a crash) leaves its undelivered batches to ``rewind``, and the next loader continues the
+    same epoch's permutation from the first of them: no batch is lost or repeated, whatever the loaders.
+    ``sampler`` is the caller's (Lightning's ``set_epoch`` looks for it here)."""
+
+    def __init__(self, owner: OwnedBatches):
+        self.owner = owner
+        self.sampler = owner.sampler
+        self.epoch = _EpochBatches(owner)
+
+    def __len__(self) -> int:
+        return len(self.owner)
+
+    def __iter__(self) -> _Current:
+        return _Current(self)
+
+    def begin(self) -> None:
+        """A new epoch, unless the present one delivered nothing yet (an iterator made for ``state_dict``
+        may have drawn and prefetched it: those draws are this epoch's)."""
+        if self.epoch.delivered:
+            self.epoch = _EpochBatches(self.owner)
+
+    def delivered(self) -> None:
+        """The oldest batch handed out reached the training loop (a loader delivers in order)."""
+        epoch = self.epoch
+        if epoch.in_flight:
+            epoch.in_flight.popleft()
+        epoch.delivered += 1
+
+    def rewind(self) -> None:
+        """The batches handed out and not delivered are handed out again first, in order: their loader's
+        pool is gone. The epoch's position goes back to what was delivered."""
+        epoch = self.epoch
+        epoch.again = deque([*epoch.in_flight, *epoch.again])
+        epoch.yielded -= len(epoch.in_flight)
+        epoch.in_flight.clear()
+
+
+def stream_batches(dataset: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], EpochStream | None]:
+    """``kwargs`` with the caller's batching made into an ``EpochStream`` (the stream too); unchanged, and
+    no stream, where ``own_batches`` leaves them (a batch sampler, no batching, a stream of samples) or the
+    loader may deliver out of order (``in_order=False``)."""
+    if kwargs.get("in_order", True) is False:
+        return kwargs, None
+    out = own_batches(dataset, kwargs)
+    owner = out.get("batch_sampler")
+    if not isinstance(owner, OwnedBatches) or owner is kwargs.get("batch_sampler"):
+        return kwargs, None
+    stream = EpochStream(owner)
+    return {**out, "batch_sampler": stream}, stream
 
 
 def own_batches(dataset: Any, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -60,6 +60,10 @@ class Sink(Protocol):
 _recording: contextvars.ContextVar[tuple[Sink, ...] | None] = contextvars.ContextVar(
     "autotune_evict_recording", default=None
 )
+# Sinks recording now in this process, by id: what threads without a recording of their own open goes to them
+# too (a read that opens its files from a thread pool, or on a library's IO thread, opens them in a thread
+# that never entered ``recording``). The pid: a forked child's copy is not its own.
+_everywhere: dict[int, tuple[int, Sink]] = {}
 _hook_lock = threading.Lock()
 _hook_installed = False
 
@@ -94,7 +98,12 @@ def _hook(event: str, args: tuple[Any, ...]) -> None:
         return
     sinks = _recording.get()
     if not sinks:
-        return
+        if not _everywhere:
+            return
+        pid = os.getpid()
+        sinks = tuple(sink for owner, sink in list(_everywhere.values()) if owner == pid)
+        if not sinks:
+            return
     path, mode, flags = (tuple(args) + (None, None, None))[:3]
     if path is None or isinstance(path, int) or not _reads(mode, flags):
         return
@@ -151,14 +160,20 @@ def _module_files() -> set[str]:
 
 @contextlib.contextmanager
 def recording(sink: Sink) -> Iterator[None]:
-    """Every path opened for reading in this context (thread, task) goes to ``sink.add`` until the
-    block ends, as it was passed to ``open`` made absolute (not resolved: a symbolic link retargeted
-    later must read as another file). Nothing is filtered: ``data_file`` tells the data files."""
+    """Every path opened for reading in this context (thread, task), and in every thread of this process
+    that records nothing itself (the block's reads may open their files from threads they start), goes to
+    ``sink.add`` until the block ends, as it was passed to ``open`` made absolute (not resolved: a symbolic
+    link retargeted later must read as another file). Nothing is filtered: ``data_file`` tells the data
+    files. Another thread's unrelated reads meanwhile are recorded too: a source too many makes a cache
+    rebuilt needlessly, one too few serves stale samples."""
     _install_hook()
     token = _recording.set((_recording.get() or ()) + (sink,))
+    key = id(token)
+    _everywhere[key] = (os.getpid(), sink)
     try:
         yield
     finally:
+        _everywhere.pop(key, None)
         _recording.reset(token)
 
 

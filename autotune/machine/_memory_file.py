@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 import weakref
 from typing import Any
 
@@ -35,17 +36,26 @@ class FileColumn:
             os.close(self.fd)
             raise
         self.array = np.frombuffer(buffer, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))).reshape(shape)
-        self._stage: np.ndarray | None = None  # one row, reused: its pages fault once per process
+        # One row per thread, reused: its pages fault once per thread. Never shared between threads: one
+        # thread's row staged over another's before that one's pwrite would put a sample at another's position.
+        self._stages = threading.local()
         # Closed when the column is dropped or at exit, while ``os`` is still whole: a ``__del__`` run at
         # interpreter shutdown finds module globals gone ("Exception ignored ... getpid").
         self._close = weakref.finalize(self, os.close, self.fd)
 
     def write(self, k: int, value: Any) -> None:
         """Row k = ``value``, with the assignment's own conversion (``column[k] = value``)."""
-        if self._stage is None:
-            self._stage = np.empty(self.array.shape[1:], dtype=self.array.dtype)
-        self._stage[...] = value
-        data = self._stage.reshape(-1).view(np.uint8).data
+        row = self.array.shape[1:]
+        if (isinstance(value, np.ndarray) and value.dtype == self.array.dtype and value.shape == row
+                and value.flags.c_contiguous):
+            source = value  # already the row's bytes: written from where they are, not copied once more
+        else:
+            stage: np.ndarray | None = getattr(self._stages, "row", None)
+            if stage is None:
+                stage = self._stages.row = np.empty(row, dtype=self.array.dtype)
+            stage[...] = value
+            source = stage
+        data = source.reshape(-1).view(np.uint8).data
         offset = k * self.row_nbytes
         while len(data):
             written = os.pwrite(self.fd, data, offset)

@@ -1,20 +1,13 @@
-"""The memory allocators autotune can choose between, and how to switch them on.
-
-Four choices (docs/architecture.md §2):
-
-- ``glibc``: the C library's allocator as the process starts.
-- ``glibc-tuned``: glibc with raised ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD``, so a freed large
-  block (a 38 MB batch) stays in the heap and the next batch reuses it instead of paying fresh page
-  faults. ``mallopt`` works at run time, in the main process and in each DataLoader worker.
-- ``tcmalloc`` and ``jemalloc``: other allocators; they replace ``malloc`` only when preloaded
-  (``LD_PRELOAD``) before the process starts, so they need a fresh process.
+"""The C library's malloc and the means to switch allocators: finding a preload library, ``mallopt``,
+reading which libraries this process has mapped.
 
 torch allocates tensors with ``posix_memalign``; its alignment slack leaves a freed block a little
 too small for the next request of the same size, so with raised thresholds the reuse settles only
 after the heap has grown a few blocks' worth (a handful of batches), then no batch faults again.
 With glibc's defaults every block of 32 MB or more is mmapped and unmapped, so every batch faults.
 
-This module only finds and switches; :mod:`autotune.process._settings` decides what to apply where.
+The allocators themselves (which exist, what each needs and does) are the classes of
+:mod:`autotune.process._family`; :mod:`autotune.process._settings` decides what to apply where.
 """
 
 from __future__ import annotations
@@ -25,16 +18,6 @@ import os
 import platform
 import re
 import subprocess
-
-ALLOCATORS = ("glibc", "glibc-tuned", "tcmalloc", "jemalloc")
-
-# The allocators that can only take effect through LD_PRELOAD, with the file names to look for
-# (preferred first) and the Debian package that provides them.
-PRELOAD_LIBRARIES = {
-    "tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4"),
-    "jemalloc": ("libjemalloc.so.2",),
-}
-PACKAGES = {"tcmalloc": "libtcmalloc-minimal4", "jemalloc": "libjemalloc2"}
 
 # mallopt(3) parameter numbers from glibc's <malloc.h>.
 M_TRIM_THRESHOLD = -1
@@ -111,21 +94,15 @@ def library_dirs() -> list[str]:
     return list(dict.fromkeys(dirs))
 
 
-def find_library(name: str) -> str | None:
-    """The path of the shared library for allocator ``name`` ("tcmalloc", "jemalloc"), or None.
+def find_library(filenames: tuple[str, ...]) -> str | None:
+    """The path of the first of ``filenames`` (preferred first) found here, or None.
 
     Looks in ``ldconfig -p`` and then in the usual library folders (with the multiarch ones);
     with ``AUTOTUNE_LIBRARY_PATH`` set, only in the folders it names.
     """
-    try:
-        candidates = PRELOAD_LIBRARIES[name]
-    except KeyError:
-        raise ValueError(
-            f"find_library needs one of {', '.join(PRELOAD_LIBRARIES)}, but got {name!r}"
-        ) from None
     use_cache = ENV_LIBRARY_PATH not in os.environ
     dirs = library_dirs()
-    for filename in candidates:  # the preferred file first, wherever it is
+    for filename in filenames:  # the preferred file first, wherever it is
         if use_cache:
             path = _ldconfig_cache().get(filename)
             if path and os.path.exists(path):
@@ -152,29 +129,11 @@ def is_glibc() -> bool:
     return libc is not None and hasattr(libc, "mallopt")
 
 
-def not_available_reason(name: str) -> str | None:
-    """None when allocator ``name`` can be used here, else a one-line reason with the fix."""
-    if name not in ALLOCATORS:
-        raise ValueError(f"allocator must be one of {', '.join(ALLOCATORS)}, but got {name!r}")
-    if name == "glibc":
+def not_glibc() -> str | None:
+    """None where glibc's mallopt can be used, else why not (for an allocator that needs it)."""
+    if is_glibc():
         return None
-    if name == "glibc-tuned":
-        if is_glibc():
-            return None
-        libc = platform.libc_ver()[0] or "unknown"
-        return f"not available: needs glibc's mallopt, but this C library is {libc}"
-    if find_library(name) is not None:
-        return None
-    filename = PRELOAD_LIBRARIES[name][0]
-    return (
-        f"not available: {filename} not found; "
-        f"install it with `apt-get install {PACKAGES[name]}`"
-    )
-
-
-def availability() -> dict[str, str | None]:
-    """Each allocator -> None when usable on this machine, else why not (with the fix)."""
-    return {name: not_available_reason(name) for name in ALLOCATORS}
+    return f"not available: needs glibc's mallopt, but this C library is {platform.libc_ver()[0] or 'unknown'}"
 
 
 def apply_mallopt(
@@ -206,7 +165,8 @@ def apply_mallopt(
     return ok
 
 
-def _mapped_paths(maps_path: str = "/proc/self/maps") -> set[str]:
+def mapped_paths(maps_path: str = "/proc/self/maps") -> set[str]:
+    """The files this process has mapped (its shared libraries among them); empty where unreadable."""
     paths = set()
     try:
         with open(maps_path) as f:
@@ -217,20 +177,6 @@ def _mapped_paths(maps_path: str = "/proc/self/maps") -> set[str]:
     except OSError:
         pass
     return paths
-
-
-def active_allocator() -> str:
-    """"tcmalloc" or "jemalloc" when one is loaded into this process (preloaded), else "glibc".
-
-    Read from /proc/self/maps; "glibc" also where that file does not exist. A tuned glibc
-    reads as "glibc": mallopt leaves no trace to read back.
-    """
-    mapped = [os.path.basename(p) for p in _mapped_paths()]
-    for name, filenames in PRELOAD_LIBRARIES.items():
-        stems = {f.split(".so")[0] for f in filenames}
-        if any(base.split(".so")[0] in stems for base in mapped):
-            return name
-    return "glibc"
 
 
 def format_size(n: int) -> str:

@@ -7,10 +7,10 @@ them only when a process starts:
 setting                   at run time (``apply_at_runtime``,    at start (``launch_env``,
                           ``worker_init``)                     ``autotune run``)
 ========================  ===================================  =======================================
-allocator glibc-tuned     ``mallopt`` in main and workers       ``MALLOC_MMAP_THRESHOLD_`` /
-                                                               ``MALLOC_TRIM_THRESHOLD_``
-allocator tcmalloc,       no (reported as not applied; glibc-   ``LD_PRELOAD``
-jemalloc                  tuned's mallopt stands in)
+allocator, ``Mallopt``    ``mallopt`` in main and workers       ``MALLOC_MMAP_THRESHOLD_`` /
+(glibc-tuned)                                                  ``MALLOC_TRIM_THRESHOLD_``
+allocator, ``Preloaded``  no (reported as not applied; its      ``LD_PRELOAD``
+(tcmalloc, jemalloc)      ``stand_in``'s mallopt stands in)
 main_threads              ``torch.set_num_threads`` in main     ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``
 worker_threads            ``torch.set_num_threads`` in workers  (by the factory's ``worker_init_fn``)
 ========================  ===================================  =======================================
@@ -29,9 +29,7 @@ from typing import Any
 
 import psutil
 
-from autotune.process import _allocator as _alloc
-
-PRELOAD_ALLOCATORS = tuple(_alloc.PRELOAD_LIBRARIES)  # ("tcmalloc", "jemalloc")
+from autotune.process import _family
 
 RUN_HINT = "start training with `autotune run -- python train.py`"
 
@@ -41,15 +39,13 @@ class ProcessSettings:
     """The process-level part of a ``LoaderConfig`` (``LoaderConfig.process_settings()``; it is never
     stored on its own). None means "leave as the process has it"."""
 
-    allocator: str = "glibc"
+    allocator: str = _family.DEFAULT  # a registered allocator's name (``_family``)
     main_threads: int | None = None  # torch.set_num_threads in the main process; OMP/MKL at start
     worker_threads: int | None = None  # torch.set_num_threads in each DataLoader worker
 
     def __post_init__(self) -> None:
-        if self.allocator not in _alloc.ALLOCATORS:
-            raise ValueError(
-                f"allocator must be one of {', '.join(_alloc.ALLOCATORS)}, but got {self.allocator!r}"
-            )
+        if self.allocator not in _family.names():
+            raise ValueError(f"allocator must be one of {', '.join(_family.names())}, but got {self.allocator!r}")
         for f in ("main_threads", "worker_threads"):
             value = getattr(self, f)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -62,36 +58,6 @@ class ProcessSettings:
             if getattr(self, f) is not None:
                 parts.append(f"{f}={getattr(self, f)}")
         return ", ".join(parts)
-
-
-def _mallopt_text(where: str) -> str:
-    return (
-        f"mallopt(M_MMAP_THRESHOLD={_alloc.format_size(_alloc.DEFAULT_MMAP_THRESHOLD)}, "
-        f"M_TRIM_THRESHOLD={_alloc.format_size(_alloc.DEFAULT_TRIM_THRESHOLD)}) in {where}"
-    )
-
-
-def fallback_allocator() -> str:
-    """What a missing preload library falls back to: glibc-tuned where glibc, else glibc.
-
-    A recipe picks tcmalloc or jemalloc because large freed blocks are reused, which glibc-tuned
-    also gives at run time.
-    """
-    return "glibc-tuned" if _alloc.is_glibc() else "glibc"
-
-
-def resolve_allocator(name: str) -> tuple[str, str | None]:
-    """(the allocator that can really be used here for ``name``, a note when it differs)."""
-    reason = _alloc.not_available_reason(name)
-    if reason is None:
-        return name, None
-    if name in PRELOAD_ALLOCATORS:
-        fallback = fallback_allocator()
-        return fallback, f"{name} {reason}; using {fallback} instead"
-    return "glibc", f"{name} {reason}; using the C library's default allocator instead"
-
-
-_ALLOCATOR_ENV = (_alloc.ENV_MMAP_THRESHOLD, _alloc.ENV_TRIM_THRESHOLD)
 
 
 def _thread_env(settings: ProcessSettings) -> dict[str, str]:
@@ -110,9 +76,9 @@ def needs_fresh_process(settings: ProcessSettings) -> bool:
     Thread counts are not among them: ``torch.set_num_threads`` applies them at run time.
     A trial for such settings must run in a child process started with :func:`launch_env`.
     """
-    effective, _ = resolve_allocator(settings.allocator)
-    wanted = effective if effective in PRELOAD_ALLOCATORS else "glibc"
-    return _alloc.active_allocator() != wanted
+    effective, _ = _family.resolve(settings.allocator)
+    wanted = effective.name if effective.preloaded else _family.DEFAULT
+    return _family.active() != wanted
 
 
 def launch_env(
@@ -120,10 +86,10 @@ def launch_env(
 ) -> tuple[dict[str, str], list[str]]:
     """The environment to start a process with ``settings`` applied, and notes on what was not.
 
-    - tcmalloc / jemalloc: the library is put first in LD_PRELOAD (an existing LD_PRELOAD is kept
-      after it). A missing library falls back (see :func:`fallback_allocator`) with a note.
-    - glibc-tuned: MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_, which glibc reads at start,
-      so they hold in every process started from it, spawned DataLoader workers included.
+    - a preload (tcmalloc, jemalloc): the library is put first in LD_PRELOAD (an existing LD_PRELOAD is
+      kept after it). A missing library falls back to its ``stand_in`` with a note.
+    - a mallopt one (glibc-tuned): MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_, which glibc reads at
+      start, so they hold in every process started from it, spawned DataLoader workers included.
     - main_threads: OMP_NUM_THREADS and MKL_NUM_THREADS, so the started program's torch starts with
       that many intra-op threads (``autotune.dataloader`` also calls ``torch.set_num_threads``).
 
@@ -132,27 +98,24 @@ def launch_env(
     """
     env = dict(base_env)
     notes: list[str] = []
-    effective, note = resolve_allocator(settings.allocator)
+    effective, note = _family.resolve(settings.allocator)
     if note:
         notes.append(note)
     existing = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
-    if effective in PRELOAD_ALLOCATORS:
-        lib = _alloc.find_library(effective)
-        assert lib is not None  # resolve_allocator fell back when the library is missing
-        preload = [lib] + [p for p in existing if p != lib]
-        env["LD_PRELOAD"] = ":".join(preload)
-    elif effective == "glibc-tuned":
-        env[_alloc.ENV_MMAP_THRESHOLD] = str(_alloc.DEFAULT_MMAP_THRESHOLD)
-        env[_alloc.ENV_TRIM_THRESHOLD] = str(_alloc.DEFAULT_TRIM_THRESHOLD)
+    wanted = effective.environment()
+    if "LD_PRELOAD" in wanted:
+        wanted["LD_PRELOAD"] = ":".join([wanted["LD_PRELOAD"]] + [p for p in existing if p != wanted["LD_PRELOAD"]])
+    env.update(wanted)
     # A preload already in the environment that is another allocator would win or clash.
-    for name, filenames in _alloc.PRELOAD_LIBRARIES.items():
-        if name == effective:
+    for name in _family.names():
+        other = _family.get(name)
+        if other is effective or not issubclass(other, _family.Preloaded):
             continue
-        clash = [p for p in existing if os.path.basename(p) in filenames]
+        clash = [p for p in existing if other.loaded({p})]
         if clash:
             notes.append(
                 f"LD_PRELOAD already loads {name} ({clash[0]}), so the recipe's allocator "
-                f"{effective} may not take effect; unset LD_PRELOAD to use it"
+                f"{effective.name} may not take effect; unset LD_PRELOAD to use it"
             )
     env.update(_thread_env(settings))
     return env, notes
@@ -189,41 +152,37 @@ class Applied:
     not_applied: list[str] = field(default_factory=list)
 
 
-def _runtime_allocator(settings: ProcessSettings, where: str, out: Applied) -> bool:
-    """Apply what can be applied of the allocator now. True when mallopt should also run in workers."""
-    active = _alloc.active_allocator()
-    wanted = settings.allocator
-    if wanted in PRELOAD_ALLOCATORS:
-        if active == wanted:
-            out.applied.append(f"{wanted} (preloaded at start) in {where}")
-            return False
-        effective, note = resolve_allocator(wanted)
-        if note is not None:
-            out.not_applied.append(note)
-        else:
-            out.not_applied.append(f"{wanted} needs a preload: {RUN_HINT}")
-            effective = fallback_allocator()
-        if effective == "glibc-tuned" and active == "glibc":
-            if _alloc.apply_mallopt():
-                out.applied.append(f"{_mallopt_text(where)}, in place of {wanted}")
-                return True
-        return False
-    if active != "glibc":
+def _runtime_allocator(settings: ProcessSettings, where: str, out: Applied) -> None:
+    """Apply what can be applied of the allocator now, in this process; say what was and what was not."""
+    active = _family.active()
+    wanted = _family.get(settings.allocator)
+    stand_in = ""
+    if wanted.preloaded:
+        if active == wanted.name:
+            out.applied.append(f"{wanted.name} (preloaded at start) in {where}")
+            return
+        effective, note = _family.resolve(wanted.name)
+        if note is None:
+            note = f"{wanted.name} needs a preload: {RUN_HINT}"
+            effective, _ = _family.resolve(wanted.stand_in)
+        out.not_applied.append(note)
+        if effective.preloaded or active != _family.DEFAULT:
+            return
+        wanted, stand_in = effective, f", in place of {settings.allocator}"
+    elif active != _family.DEFAULT:
         out.not_applied.append(
-            f"allocator {wanted}: this process was started with {active} preloaded, "
+            f"allocator {wanted.name}: this process was started with {active} preloaded, "
             f"which stays in use; {RUN_HINT}"
         )
-        return False
-    if wanted == "glibc-tuned":
-        reason = _alloc.not_available_reason("glibc-tuned")
-        if reason is not None:
-            out.not_applied.append(f"glibc-tuned {reason}")
-        elif _alloc.apply_mallopt():
-            out.applied.append(_mallopt_text(where))
-            return True
-        else:
-            out.not_applied.append(f"glibc-tuned: glibc refused {_mallopt_text(where)}")
-    return False
+        return
+    done = wanted.apply(where)
+    if done is None:
+        return
+    took, line = done
+    if took:
+        out.applied.append(line + stand_in)
+    elif not stand_in:  # a stand-in that does not take leaves the preload's note as the whole story
+        out.not_applied.append(line)
 
 
 _MALLOC_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_ARENA_MAX",
@@ -270,7 +229,7 @@ def apply_at_runtime(settings: ProcessSettings) -> Applied:
     """
     out = Applied()
     mine = users_allocator()
-    if mine is not None and settings.allocator != "glibc":
+    if mine is not None and settings.allocator != _family.DEFAULT:
         out.not_applied.append(f"allocator {settings.allocator}: the user's {mine} kept (set by the user)")
     else:
         _runtime_allocator(settings, "main process", out)

@@ -21,7 +21,14 @@ The rules (a hill climb, as tf.data's and MindSpore's, with a significance test)
 3. After ``MAX_REJECTIONS`` rejections in a row, or with no move left, the policy settles: the
    incumbent stays, and its figure is watched; a change beyond ``DRIFT`` (and the noise), or the stall
    crossing ``STALL_HIGH``, reopens the search from the incumbent.
-4. ``observe`` mode measures and never moves. A move ``allowed`` refuses (memory, /dev/shm) is skipped.
+4. ``observe`` mode measures and never moves. A move ``allowed`` refuses (memory, /dev/shm) is skipped;
+   a configuration whose workers failed (``crashed``) is never tried again in the run.
+
+The thread split is a move like the others where the main process's threads may move (``threads``: the
+main's count standing for a configuration that leaves it unset; None: the user set it, or the recipe
+may not touch the process): more threads to the step ("more main threads", "fewer worker threads") or
+to the loader ("more worker threads", where the workers are not forked; "fewer main threads"), in the
+stall's order, judged by rule 2.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from autotune.config import LoaderConfig
+from autotune.config import LoaderConfig, fork_allows_threads
 
 MIN_GAIN = 0.03  # the least speed-up a switch is kept for, on a log scale (~3%)
 MAX_REJECTIONS = 3
@@ -89,10 +96,13 @@ def _worker_step(n: int) -> int:
     return 1 if n < 4 else n // 4
 
 
-def moves(config: LoaderConfig, stall: float, *, max_workers: int, cuda: bool,
-          first: str | None = None) -> list[tuple[str, LoaderConfig]]:
+def moves(config: LoaderConfig, stall: float, *, max_workers: int, cuda: bool, first: str | None = None,
+          threads: int | None = None, max_threads: int | None = None) -> list[tuple[str, LoaderConfig]]:
     """The neighbours of ``config`` worth one epoch, in the order the stall suggests (``first``, the move
-    last kept, leads while it still applies)."""
+    last kept, leads while it still applies). ``threads``: the main process's thread count where
+    ``config`` leaves it unset, None where the split may not move; ``max_threads`` (``max_workers``
+    unless given): the most either side takes."""
+    max_threads = max_threads or max_workers
     n = config.num_workers
     out: dict[str, LoaderConfig] = {}
     if n and not config.persistent_workers:
@@ -112,6 +122,17 @@ def moves(config: LoaderConfig, stall: float, *, max_workers: int, cuda: bool,
         fewer["less prefetch"] = config.refit(prefetch_factor=max(1, (config.prefetch_factor or 2) // 2))
     if cuda and config.pin_memory:
         fewer["no pinning"] = config.refit(pin_memory=False)
+    if threads is not None:
+        main = config.main_threads or threads
+        if main < max_threads:
+            fewer["more main threads"] = config.refit(main_threads=min(max_threads, 2 * main))
+        if main > 1:
+            more["fewer main threads"] = config.refit(main_threads=max(1, main // 2))
+        workers = config.worker_threads or 1
+        if n and workers * 2 * n <= max_threads and fork_allows_threads(config.multiprocessing_context, 2):
+            more["more worker threads"] = config.refit(worker_threads=2 * workers)
+        if workers > 1:
+            fewer["fewer worker threads"] = config.refit(worker_threads=max(1, workers // 2))
     if stall > STALL_HIGH:
         out.update(more)
         out.update(fewer)
@@ -128,8 +149,9 @@ class Policy:
     """The adapting loader's decisions (see the module docstring); ``decide`` once per epoch."""
 
     def __init__(self, start: LoaderConfig, *, max_workers: int, cuda: bool = False, observe: bool = False,
-                 allowed: Allowed | None = None, fixed: frozenset[str] = frozenset()):
+                 allowed: Allowed | None = None, fixed: frozenset[str] = frozenset(), threads: int | None = None):
         self.incumbent = start
+        self.threads = threads  # the main's thread count for a configuration without one; None: fixed
         self.max_workers = max_workers
         self.cuda = cuda
         self.observe = observe
@@ -146,6 +168,7 @@ class Policy:
         self.epochs = 0
         self._log_chunks: list[float] = []  # each chunk's log seconds per batch less its epoch's mean
         self.skipped: dict[LoaderConfig, str] = {}
+        self.failed: dict[LoaderConfig, str] = {}  # configurations whose workers failed: never again
 
     # ------------------------------------------------------------------ measurements
 
@@ -172,6 +195,14 @@ class Policy:
         sigma = self.noise() * math.sqrt(1 / incumbent.chunks + 1 / candidate.chunks)
         own = abs(math.log(incumbent.epochs[-1] / incumbent.epochs[-2])) if len(incumbent.epochs) > 1 else 0.0
         return max(MIN_GAIN, 2 * sigma, own)
+
+    def crashed(self, config: LoaderConfig, why: str) -> None:
+        """``config``'s workers failed where the incumbent's did not: the loader is back on the incumbent,
+        and ``config`` is never tried again (a rejection)."""
+        self.failed[config] = why
+        if self.trying is not None and self.trying[1] == config:
+            self.trying = None
+            self.rejections += 1
 
     def restart_from(self, config: LoaderConfig) -> None:
         """Go on from ``config`` (a resumed state's): its epochs are the incumbent's, nothing is being tried."""
@@ -218,9 +249,13 @@ class Policy:
         return Decision(self.incumbent, "revert", f"{name}: {figures}: reverted")
 
     def _next_move(self, incumbent: _Stats) -> Decision:
+        if self.rejections >= MAX_REJECTIONS and incumbent.epochs:  # rejections a crash ended (``crashed``)
+            self._settle()
+            return Decision(self.incumbent, "settle", f"settled after {self.rejections} rejections")
+        threads = None if "main_threads" in self.fixed else self.threads
         for name, config in moves(self.incumbent, incumbent.stall, max_workers=self.max_workers, cuda=self.cuda,
-                                  first=self.kept_move):
-            if config in self.tried or config in self.skipped or any(
+                                  first=self.kept_move, threads=threads):
+            if config in self.tried or config in self.skipped or config in self.failed or any(
                     getattr(config, k) != getattr(self.incumbent, k) for k in self.fixed):
                 continue
             why = self.allowed(config)

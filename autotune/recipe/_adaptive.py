@@ -1,11 +1,19 @@
-"""The adapting loader: the real training measured, and the configuration moved at epoch boundaries.
+"""The adapting loader: the real training measured, and the configuration moved at epoch boundaries, and at
+the chunk boundaries of a long epoch.
 
-``AdaptiveLoader`` is iterable like a DataLoader (``len``, the same batches: every inner loader shares the
-caller's sampler and generator and draws from it as a plain loader does, ``loader._order``). Each epoch it
-times the real step's stall (``_stall_clock``) and hands the epoch to the policy (``_adapt_policy``),
-which returns the next epoch's configuration; only what can change between iterators moves (workers,
-prefetch, persistence, pinning), the source (a cache) is built once. A switch shuts the old workers down
-before the new loader exists, so two pools are never alive at once. A move is allowed only where its
+``AdaptiveLoader`` is iterable like a DataLoader (``len``, the same batches: every inner loader batches
+from one index stream, ``loader._order.EpochStream``, drawn from the caller's sampler and generator as a
+plain loader draws them; the loader tells the stream what reached the training loop, so a pool stopped
+mid-epoch hands its undelivered batches to the next, and the epoch's permutation goes on where the
+training loop is). Each epoch, or each ``PART_BATCHES`` of a long one, it times the real step's stall
+(``_stall_clock``) and hands it to the policy (``_adapt_policy``), which returns the configuration to go
+on with; only what can change between iterators moves (workers, prefetch, persistence, pinning, the
+thread split: ``_thread_split``), the source (a cache) is built once. A switch shuts the old workers down
+before the new loader exists, so two pools are never alive at once; a move of the main process's
+threads alone keeps the pool. A candidate that fails (a worker killed, out of memory or /dev/shm, any
+error) before it read a part hands the epoch back to the incumbent at its first undelivered batch, with
+one warning, and is never tried again; the incumbent meeting the same error raises it (a dataset's own
+error is the plain loader's). A move is allowed only where its
 batches fit ``/dev/shm`` and its workers the job's memory budget (the factory's rules: ``shm_rule``, 70%
 of what the job may still take), from the process tree's PSS read at epoch ends, outside the clock.
 
@@ -17,18 +25,22 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.config import LoaderConfig
+from autotune.loader import EpochStream, reuses_iterator
 from autotune.recipe._adapt_policy import Decision, EpochObservation, Policy
 from autotune.recipe._stall_clock import HostClock, clock_for_this_process
+from autotune.recipe._thread_split import MainThreads
 
 log = logging.getLogger("autotune")
 
 CHUNKS = 8  # an epoch's steady batches in this many chunks: the run's own noise (_adapt_policy rule 2)
 MIN_BATCHES = 4  # an epoch left sooner (a break) teaches nothing
+PART_BATCHES = 256  # a long epoch (two parts or more) is judged, and may switch, every this many batches
 
 
 @dataclass
@@ -129,15 +141,16 @@ def rank_sync() -> RankSync | None:
 
 @dataclass
 class Event:
-    """One epoch of the run, for ``history`` and the record written back."""
+    """One epoch of the run (or one part of a long epoch), for ``history`` and the record written back."""
 
     epoch: int
     config: LoaderConfig
     seconds_per_batch: float
     stall: float
-    decision: str  # Decision.event
+    decision: str  # Decision.event, or "crash"
     line: str
     next_config: LoaderConfig
+    mid_epoch: bool = False  # ended at a chunk boundary of a long epoch, not at its end
 
 
 @dataclass
@@ -145,13 +158,14 @@ class History:
     events: list[Event] = field(default_factory=list)
 
     def switches(self) -> list[Event]:
-        """The epochs after which the configuration changed."""
+        """The epochs (or parts) after which the configuration changed."""
         return [e for e in self.events if e.next_config != e.config]
 
 
 @dataclass
 class _Pending:
-    """An epoch being read: its clock, each batch's time out of ``next()``, its start and configuration."""
+    """A part of an epoch being read (the whole epoch, or a long epoch's part): its clock, each batch's
+    time out of ``next()``, its start and configuration."""
 
     clock: HostClock
     marks: list[float]
@@ -165,36 +179,88 @@ class _Pending:
         return marks[-1] + (sum(steps) / len(steps) if steps else 0.0)
 
 
-def shut_down(loader: Any) -> None:
-    """Stop ``loader``'s workers now (a persistent pool lives as long as its iterator)."""
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
-    if iterator is not None:
+def shut_down(loader: Any, iterator: Any = None) -> None:
+    """Stop ``loader``'s workers now (a persistent pool lives as long as its iterator), and ``iterator``'s (a
+    non-persistent one is not kept on its loader)."""
+    for it in (getattr(loader, "_iterator", None), iterator):
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+    if getattr(loader, "_iterator", None) is not None:
         loader._iterator = None
+
+
+def _same_pool(a: LoaderConfig, b: LoaderConfig) -> bool:
+    """Whether ``b`` runs on ``a``'s loader: only the main process's threads differ."""
+    return a.refit(main_threads=None) == b.refit(main_threads=None)
+
+
+def _unwatch(iterator: Any) -> None:
+    """Take a candidate pool's workers out of torch's SIGCHLD check, which raises wherever the main thread
+    is when a worker dies (in the training step too); the pool's own check (every few seconds inside
+    ``next()``, torch's ``MP_STATUS_CHECK_INTERVAL``) still finds a dead worker, where ``_recover`` can
+    take the epoch back."""
+    if getattr(iterator, "_worker_pids_set", False):
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._remove_worker_pids(id(iterator))  # type: ignore[attr-defined]
+        iterator._worker_pids_set = False
+
+
+def _stop_broken(exc: BaseException) -> None:
+    """Stop the pools in ``exc``'s traceback: an inner iterator whose start failed (a worker died before
+    ``iter()`` returned, torch's SIGCHLD check raising inside it) is held by nothing else, with its workers'
+    pids still in that check, which would raise again as its other workers exit."""
+    tb = exc.__traceback__
+    seen: set[int] = set()
+    while tb is not None:
+        it = tb.tb_frame.f_locals.get("self")
+        if it is not None and id(it) not in seen and hasattr(it, "_shutdown_workers"):
+            seen.add(id(it))
+            _unwatch(it)
+            if hasattr(it, "_shutdown") and hasattr(it, "_workers"):  # far enough in its start to have a pool
+                shut_down(None, it)
+        tb = tb.tb_next
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 class AdaptiveLoader:
     """Iterable like the DataLoader it holds; see the module docstring. ``make(config)`` builds an inner
     loader; ``policy`` decides (its ``allowed`` is ``self.memory.allowed``, wired by the factory);
-    ``on_epoch(event, loader)`` is told each epoch (the record written back)."""
+    ``on_epoch(event, loader)`` is told each epoch (the record written back). ``stream``: the index stream
+    every inner loader draws from (``loader._order.EpochStream``), which lets a long epoch switch at its
+    chunk boundaries and a failed candidate hand the rest of the epoch back; None (a caller's batch sampler,
+    a stream of samples): epoch boundaries only. ``threads``: the main process's threads where the split
+    may move. ``caller``: the attributes the caller's loader would have (batch_size, sampler, ...), which
+    the inner loaders, batching through ``stream``, do not."""
 
     def __init__(self, make: Callable[[LoaderConfig], Any], start: LoaderConfig, policy: Policy, *,
                  on_epoch: Callable[[Event, AdaptiveLoader], None] | None = None,
                  clock: Callable[[], HostClock] = clock_for_this_process, sync: RankSync | None = None,
-                 read_memory: bool = True):
+                 read_memory: bool = True, stream: EpochStream | None = None, threads: MainThreads | None = None,
+                 caller: dict[str, Any] | None = None, part_batches: int = PART_BATCHES):
         self._make = make
         self.config = start
         self.policy = policy
         self.history = History()
         self.memory = Memory()
+        self.part_batches = part_batches  # a long epoch's parts, in batches (see ``_boundary``)
         self._on_epoch = on_epoch
         self._clock = clock
         self._sync = sync
         self._read_memory = read_memory
+        self._stream = stream
+        self._threads = threads
+        self._caller = dict(caller or {})
         self._loader = make(start)
         self._fresh = True
         self._pending: _Pending | None = None
+        self._active: Any = None  # the inner iterator of the epoch being read
+        self._completed: set[LoaderConfig] = set()  # configurations that read a part without failing
+        self._note: str | None = None  # a failed candidate's warning, said once the incumbent went past it
         self.epoch = 0
 
     @property
@@ -208,7 +274,23 @@ class AdaptiveLoader:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
-        return getattr(self._loader, name)  # batch_size, dataset, sampler, num_workers, autotune, ...
+        if name in self._caller:
+            return self._caller[name]
+        return getattr(self._loader, name)  # dataset, num_workers, autotune, ...
+
+    def close(self) -> None:
+        """Stop the workers now and give the main process's threads back as the loader found them."""
+        self._finish_pending()
+        shut_down(self._loader, self._active)
+        self._active = None
+        if self._threads is not None:
+            self._threads.restore()
+
+    def __enter__(self) -> AdaptiveLoader:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
     def state_dict(self) -> dict[str, Any]:
         """The inner loader's state (StatefulDataLoader) and the configuration it was saved under."""
@@ -223,38 +305,142 @@ class AdaptiveLoader:
         self._loader.load_state_dict(state["loader"])
 
     def _switch(self, config: LoaderConfig) -> None:
-        shut_down(self._loader)  # before the new loader starts: never two pools at once
+        if self._threads is not None and config.main_threads != self.config.main_threads:
+            if not self._threads.apply(config.main_threads):
+                config = config.refit(main_threads=self.config.main_threads)  # the user's now: not moved
+                self.policy.fixed = self.policy.fixed | {"main_threads"}
+        if _same_pool(self.config, config):
+            self.config = config  # the same workers go on
+            return
+        shut_down(self._loader, self._active)  # before the new loader starts: never two pools at once
+        self._active = None
+        if self._stream is not None:
+            self._stream.rewind()  # what the stopped pool had in flight is the next loader's first
         self._loader = self._make(config)
         self.config = config
         self._fresh = True
 
+    def _position(self, count: int) -> int:
+        """Batches of this epoch the training loop received (a resumed epoch's count from its start)."""
+        return self._stream.epoch.delivered if self._stream is not None else count
+
+    def _boundary(self, position: int, total: int | None) -> bool:
+        """Whether a long epoch's part ends after batch ``position``: every ``part_batches`` batches of an
+        epoch of at least two parts, the last part at least as long as the others; never while the first
+        epoch fills a cache (its workers write it), never without an owned index stream."""
+        size = self.part_batches
+        return (self._stream is not None and total is not None and size > 0 and total >= 2 * size
+                and position % size == 0 and total - position >= size
+                and not (self.epoch == 0 and self.config.cache_fill == "first_epoch"))
+
     def __iter__(self) -> Iterator[Any]:
         self._finish_pending()  # an epoch its consumer left at its last batch (len known): ends before this one
-        loader, clock = self._loader, self._clock()
+        self._drop_old()
+        if self._stream is not None:
+            self._stream.begin()
+        clock = self._clock()
         fresh = self._fresh or not (self.config.persistent_workers and self.config.num_workers)
         self._fresh = False
         try:
-            expected: int | None = len(loader)
+            total: int | None = len(self._loader)
         except TypeError:  # a stream without a length: an epoch ends at StopIteration only
-            expected = None
+            total = None
         pending = _Pending(clock, [], clock.now(), self.config, fresh)
+        iterator: Any = None
+        count = 0
         ended = None
         try:
-            for batch in _timed(iter(loader), clock, pending.marks):
-                if len(pending.marks) == 1 and not self.memory.batch_bytes:
+            while True:
+                try:
+                    clock.enter()
+                    if iterator is None:
+                        iterator = self._active = iter(self._loader)
+                        if self._recoverable():
+                            _unwatch(iterator)
+                    batch = next(iterator)
+                except StopIteration:  # the last call's wait is the end's, not a batch's
+                    break
+                except Exception as exc:
+                    if not self._recover(exc):
+                        raise
+                    iterator = None
+                    clock.epoch_waits()  # the part mixed two configurations: it teaches nothing
+                    pending = _Pending(clock, [], clock.now(), self.config, True)
+                    self._fresh = False
+                    continue
+                pending.marks.append(clock.leave())
+                count += 1
+                if self._stream is not None:
+                    self._stream.delivered()
+                position = self._position(count)
+                if count == 1 and not self.memory.batch_bytes:
                     from autotune.machine import batch_bytes
 
                     self.memory.batch_bytes = batch_bytes(batch)
-                if len(pending.marks) == expected:
+                if self._note is not None:
+                    warnings.warn(self._note, stacklevel=2)  # the incumbent went past the failed batch
+                    self._note = None
+                if position == total:
                     # whole by count: a training loop that knows len (Lightning) never asks past the last batch
                     self._pending = pending
                 yield batch
+                if self._pending is not pending and self._boundary(position, total):
+                    loader = self._loader
+                    self._end(pending, clock.now(), mid_epoch=True)
+                    if self._loader is not loader:
+                        iterator = None  # stopped: the next loader continues the epoch
+                    pending = _Pending(clock, [], clock.now(), self.config, self._fresh)
+                    self._fresh = False
             ended = clock.now()
         finally:
             if self._pending is pending:
                 self._finish_pending(ended)
-            elif ended is not None and expected is None:
+            elif ended is not None and total is None:
                 self._end(pending, ended)
+            if self._active is iterator and not self._kept(iterator):
+                shut_down(None, iterator)  # a loop left early: its pool goes now, as a plain loader's would
+                self._active = None
+
+    def _kept(self, iterator: Any) -> bool:
+        """Whether the inner loader hands ``iterator`` out again on its next ``iter()`` (a persistent pool,
+        a StatefulDataLoader's made for ``state_dict``)."""
+        loader = self._loader
+        return iterator is not None and iterator is getattr(loader, "_iterator", None) and (
+            reuses_iterator(loader) or bool(getattr(loader, "_initial_iter_for_state_dict", False)))
+
+    def _drop_old(self) -> None:
+        """Stop the last epoch's workers unless its iterator goes on: an epoch left at its last batch keeps
+        its iterator (and a non-persistent pool) alive in the consumer's generator."""
+        old, self._active = self._active, None
+        if old is not None and not self._kept(old):
+            shut_down(None, old)
+
+    def _recover(self, exc: Exception) -> bool:
+        """After ``exc`` from the inner loader: True where it is a candidate's failure (a worker killed, out
+        of memory or /dev/shm, any error the incumbent did not meet): the incumbent takes the epoch on from
+        its first undelivered batch. False (raise it) under a configuration that already read a part
+        without failing, without an incumbent that did, or without an owned index stream to hand back; an
+        error of the dataset itself so meets the incumbent again on the same batch, and is raised there."""
+        if not self._recoverable():
+            return False
+        assert self._stream is not None  # _recoverable
+        failed, good = self.config, self.policy.incumbent
+        why = _first_line(exc)
+        _stop_broken(exc)
+        self.policy.crashed(failed, why)
+        at = self._stream.epoch.delivered + 1
+        self._switch(good)
+        line = f"{failed.describe()} failed ({why}): back to {good.describe()}, the epoch goes on at batch {at}"
+        log.info("autotune adapt, epoch %d: %s", self.epoch + 1, line)
+        self.history.events.append(Event(self.epoch, failed, 0.0, 0.0, "crash", line, good, mid_epoch=True))
+        self._note = f"autotune adapt: {line}"
+        return True
+
+    def _recoverable(self) -> bool:
+        """Whether a failure now is a candidate's (``_recover``)."""
+        failed, good = self.config, self.policy.incumbent
+        return (self._stream is not None and failed not in self._completed and good in self._completed
+                and not _same_pool(failed, good))
 
     def _finish_pending(self, ended: float | None = None) -> None:
         """End the epoch that was whole by count: at ``ended``, or (its consumer never came back) one step
@@ -263,12 +449,14 @@ class AdaptiveLoader:
         if pending is not None:
             self._end(pending, ended if ended is not None else pending.estimated_end())
 
-    def _end(self, pending: _Pending, end: float) -> None:
+    def _end(self, pending: _Pending, end: float, *, mid_epoch: bool = False) -> None:
         waits = pending.clock.epoch_waits()
         if len(waits) >= MIN_BATCHES:
-            self._end_epoch(_epoch_stats(waits, pending.marks, pending.start, end, pending.config, pending.fresh))
+            self._completed.add(pending.config)
+            self._end_epoch(_epoch_stats(waits, pending.marks, pending.start, end, pending.config, pending.fresh),
+                            mid_epoch)
 
-    def _end_epoch(self, obs: EpochObservation) -> None:
+    def _end_epoch(self, obs: EpochObservation, mid_epoch: bool = False) -> None:
         if self._read_memory:
             self.memory.read(self.config)  # outside the clock
         if self._sync is not None:
@@ -277,24 +465,14 @@ class AdaptiveLoader:
         else:
             decision = self.policy.decide(obs)
         event = Event(self.epoch, obs.config, obs.seconds_per_batch, obs.stall, decision.event, decision.line,
-                      decision.config)
+                      decision.config, mid_epoch)
         self.history.events.append(event)
-        self.epoch += 1
+        if not mid_epoch:
+            self.epoch += 1
         if decision.event not in ("measure", "observe", "warm-up"):
-            log.info("autotune adapt, epoch %d: %s", event.epoch + 1, decision.line)
+            where = " (mid-epoch)" if mid_epoch else ""
+            log.info("autotune adapt, epoch %d%s: %s", event.epoch + 1, where, decision.line)
         if self._on_epoch is not None:
             self._on_epoch(event, self)
         if decision.config != self.config:
             self._switch(decision.config)
-
-
-def _timed(iterator: Iterator[Any], clock: HostClock, marks: list[float]) -> Iterator[Any]:
-    """``iterator``'s items, each ``next()`` between two reads of ``clock``."""
-    while True:
-        clock.enter()
-        try:
-            batch = next(iterator)
-        except StopIteration:  # the last call's wait is the end's, not a batch's
-            return
-        marks.append(clock.leave())
-        yield batch

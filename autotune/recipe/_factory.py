@@ -20,14 +20,15 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from autotune.caches import cache_path, dataset_key, default_root, expected_manifest
-from autotune.config import WORKER_ONLY as _WORKER_ONLY
+from autotune.config import LOADER_KEYS as TUNED_KEYS
+from autotune.config import WORKER_LOADER_KEYS as WORKER_ONLY
 from autotune.config import ConfigError, LoaderConfig
 from autotune.dataset import is_stream
 from autotune.errors import AutotuneError, DatasetError
 from autotune.integrations._lightning import quiet_worker_warning
-from autotune.loader import FactorySite, make_loader, prepare_source
+from autotune.loader import FactorySite, make_loader, prepare_source, stream_batches
 from autotune.machine import ranks_per_node
-from autotune.process import apply_at_runtime
+from autotune.process import DEFAULT_ALLOCATOR, apply_at_runtime, users_threads
 from autotune.recipe._file import Profile, RecipeFile
 from autotune.recipe._learned import MOVED, record, starting_config
 from autotune.recipe._measured import Measured
@@ -35,8 +36,6 @@ from autotune.recipe._memory_fit import fit_memory
 
 log = logging.getLogger("autotune")
 
-TUNED_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "multiprocessing_context")
-WORKER_ONLY = tuple(k for k in _WORKER_ONLY if k in TUNED_KEYS)
 FROM_RECIPE = "recipe"  # cache=: use the recipe's backend (the default); None: no cache; a name: that one
 _said: set[str] = set()  # what could not be applied is said once per process, not once per loader
 
@@ -193,18 +192,21 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
                             "replay one recorded pass, freezing its order; pass cache=None.")
     # The process settings first, so the cache build runs under them, as a trial's build did.
     main = replace(config.process_settings(), worker_threads=None)
-    if apply_process_settings and not _measured_gain(profile.measured) and main != replace(main, allocator="glibc",
-                                                                                           main_threads=None):
+    # a thread count an adapting run kept was measured faster by the real step
+    gain = _measured_gain(profile.measured) or (learned is not None and learned.main_threads is not None
+                                                and learned.main_threads != profile.config.main_threads)
+    plain = replace(main, allocator=DEFAULT_ALLOCATOR, main_threads=None)
+    if apply_process_settings and not gain and main != plain:
         # The user's process is changed only for a measured gain (an older recipe may lack the interval).
         log.info("autotune left this process's allocator and threads alone: the recipe measured no gain from it")
-        main = replace(main, allocator="glibc", main_threads=None)
+        main = plain
     if apply_process_settings:
         applied = apply_at_runtime(main)
         res.applied, res.not_applied = list(applied.applied), list(applied.not_applied)
-        if config.num_workers and (config.worker_threads or config.allocator != "glibc"):
+        if config.num_workers and (config.worker_threads or config.allocator != DEFAULT_ALLOCATOR):
             res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
     else:
-        config = config.refit(allocator="glibc", main_threads=None, worker_threads=None)
+        config = config.refit(allocator=DEFAULT_ALLOCATOR, main_threads=None, worker_threads=None)
     config = _fit_memory(config, profile, dataset, res, stream, overrides.get("batch_size") or 1)
     if config.cache_fill == "first_epoch" and not config.cache_in_memory and world_size() > 1:
         # each rank's first epoch reads its shard only: the node's one cache would never be whole
@@ -224,14 +226,20 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
     if prepared.collate_fn is not None:
         overrides["collate_fn"] = prepared.collate_fn
     data = prepared.dataset
+    caller: dict[str, Any] = {k: overrides[k] for k in ("batch_size", "drop_last", "sampler", "generator")
+                              if k in overrides}
+    index_stream = None
+    if adapt:  # one index stream for every loader the run makes: a switch may come mid-epoch
+        overrides, index_stream = stream_batches(data, overrides)
 
     def make(config: LoaderConfig) -> DataLoader[Any]:
         loader = make_loader(data, config, user_worker_init=user_init, loader_cls=loader_cls, **overrides)
         loader.autotune = res
         return loader
 
-    loader = make(config) if not adapt else adaptive_loader(make, config, res, adapt, profile, learn_to,
-                                                            length, overrides.get("batch_size"))
+    loader = make(config) if not adapt else adaptive_loader(
+        make, config, res, adapt, profile, learn_to, length, caller,
+        stream=index_stream, threads_move=apply_process_settings and users_threads() is None)
     if not config.num_workers and res.sources.get("num_workers") == "recipe":
         quiet_worker_warning(profile.measured.note)
     log.info("autotune DataLoader: %s", res.describe())
@@ -246,19 +254,27 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
 
 def adaptive_loader(make: Callable[[LoaderConfig], DataLoader[Any]], config: LoaderConfig, res: Resolution,
                     adapt: bool | str, profile: Profile, learn_to: str | os.PathLike[str] | None,
-                    length: int | None, batch_size: int | None) -> Any:
-    """An ``AdaptiveLoader`` over ``make``, starting from ``config``; a setting the caller gave never moves.
+                    length: int | None, caller: dict[str, Any], *, stream: Any, threads_move: bool) -> Any:
+    """An ``AdaptiveLoader`` over ``make``, starting from ``config``; a setting the caller gave never moves,
+    nor the thread split where the user set the main process's threads (``threads_move`` False).
     Rank 0 writes what it learns into ``profile``'s place in ``learn_to`` after every epoch."""
     import torch
 
     from autotune.machine import usable_cpus
     from autotune.recipe._adapt_policy import Policy
     from autotune.recipe._adaptive import AdaptiveLoader, Event, rank_sync
+    from autotune.recipe._thread_split import MainThreads
 
     ranks = ranks_per_node()
+    batch_size = caller.get("batch_size")
+    threads = MainThreads() if threads_move else None
+    if config.main_threads is not None and config.main_threads != torch.get_num_threads():
+        config = config.refit(main_threads=None)  # not applied (the user's, or no measured gain): as found
     fixed = frozenset(k for k in TUNED_KEYS if res.sources.get(k) == "caller")
+    if threads is None:
+        fixed |= {"main_threads", "worker_threads"}
     policy = Policy(config, max_workers=usable_cpus(ranks), cuda=torch.cuda.is_available(),
-                    observe=adapt == "observe", fixed=fixed)
+                    observe=adapt == "observe", fixed=fixed, threads=threads.found if threads else None)
     sync = rank_sync()
     mode = "observe" if adapt == "observe" else "adapt"
     writing = [learn_to is not None and (sync is None or sync.rank == 0)]
@@ -275,7 +291,8 @@ def adaptive_loader(make: Callable[[LoaderConfig], DataLoader[Any]], config: Loa
             warnings.warn(f"autotune could not write what the run learned to {learn_to}: {exc}",
                           stacklevel=2)
 
-    loader = AdaptiveLoader(make, config, policy, sync=sync, on_epoch=write_back)
+    loader = AdaptiveLoader(make, config, policy, sync=sync, on_epoch=write_back, stream=stream, threads=threads,
+                            caller=caller)
     policy.allowed = lambda candidate: loader.memory.allowed(candidate, loader.config, ranks)
     log.info("autotune adapts the loader during the run%s", " (observing only)" if adapt == "observe" else "")
     return loader

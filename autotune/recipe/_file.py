@@ -33,6 +33,7 @@ from autotune.caches import default_root
 from autotune.config import LoaderConfig
 from autotune.errors import HardwareMismatch, RecipeError
 from autotune.machine import _hardware
+from autotune.process import DEFAULT_ALLOCATOR
 from autotune.recipe import _factory_runs
 from autotune.recipe._factory_runs import FactoryRun
 from autotune.recipe._learned import Learned
@@ -203,7 +204,7 @@ def _v1_to_v2(doc: dict[str, Any]) -> dict[str, Any]:
             "worker_threads": threads.get("worker") if workers else None,
             "main_threads": threads.get("main"),
             "cache": cache.get("backend"),
-            "allocator": process.get("allocator", "glibc"),
+            "allocator": process.get("allocator", DEFAULT_ALLOCATOR),
         }
     return doc
 
@@ -374,7 +375,8 @@ class RecipeFile:
         path = Path(path)
         with _locked(path):
             rf = cls.read(path) if path.exists() else cls(path=path)
-            rf.profiles.setdefault(profile.fingerprint, profile).learned = learned
+            # a copy where the place is empty: the caller's profile is the run's previous record, kept as read
+            rf.profiles.setdefault(profile.fingerprint, copy.copy(profile)).learned = learned
             rf.write(path)
 
     def __len__(self) -> int:

@@ -24,7 +24,8 @@ from typing import Any
 from autotune.config import LoaderConfig
 from autotune.errors import RecipeError
 
-MOVED = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")  # what an adapting loader moves
+MOVED = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "main_threads",
+         "worker_threads")  # what an adapting loader moves
 KEEP_SWITCHES = 32  # the newest switches kept
 MODES = ("adapt", "observe")
 
@@ -159,7 +160,9 @@ def _figures(c: Any) -> ConfigFigures:
 
 
 def _loader_words(config: LoaderConfig) -> str:
-    return ", ".join(f"{k}={v}" for k, v in config.loader_kwargs().items() if k in MOVED)
+    words = [f"{k}={v}" for k, v in config.loader_kwargs().items() if k in MOVED]
+    return ", ".join(words + [f"{k}={getattr(config, k)}" for k in ("main_threads", "worker_threads")
+                              if getattr(config, k) is not None])
 
 
 def record(mode: str, policy: Any, events: list[Any], batch_size: int | None, length: int | None,
@@ -172,7 +175,8 @@ def record(mode: str, policy: Any, events: list[Any], batch_size: int | None, le
                 for e in events if e.next_config != e.config]
     if previous is not None and (previous.batch_size, previous.length) == (batch_size, length):
         switches = [*previous.switches, *switches]
-    return Learned(mode=mode, batch_size=batch_size, length=length, epochs=len(events), best=policy.incumbent,
+    epochs = len({e.epoch for e in events})  # a long epoch's parts are one epoch
+    return Learned(mode=mode, batch_size=batch_size, length=length, epochs=epochs, best=policy.incumbent,
                    configs=configs, switches=tuple(switches[-KEEP_SWITCHES:]),
                    updated=_dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat())
 

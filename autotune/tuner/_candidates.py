@@ -10,9 +10,10 @@ from pathlib import Path
 import torch
 
 from autotune._units import format_bytes
+from autotune.caches import backend_names, estimate_need
 from autotune.config import cache_backend
 from autotune.dataset import Probe
-from autotune.process import ALLOCATORS, availability
+from autotune.process import DEFAULT_ALLOCATOR, get_allocator, searched_allocators
 from autotune.tuner._space import Space, start_methods
 
 
@@ -63,8 +64,6 @@ def cache_choices(probe: Probe, limits: Limits) -> tuple[str | None, ...]:
     """None (no cache) plus every backend whose estimated need fits, each exclusion noted."""
     if limits.caches is not None and not [c for c in limits.caches if c != "none"]:
         return (None,)
-    from autotune.caches import backend_names, estimate_need
-
     wanted = backend_names() if limits.caches is None else tuple(c for c in limits.caches if c != "none")
     if not probe.deterministic:
         limits.notes.append(f"caches left out: {probe.determinism_note}")
@@ -102,16 +101,17 @@ def cache_choices(probe: Probe, limits: Limits) -> tuple[str | None, ...]:
 
 
 def allocator_choices(limits: Limits) -> tuple[str, ...]:
-
-    wanted = ALLOCATORS if limits.allocators is None else limits.allocators
-    have = availability()
+    """The allocators the search tries (the user's, or every registered one the family marks ``searched``)
+    that this machine has, each left out noted; the plain one where none is left."""
+    wanted = searched_allocators() if limits.allocators is None else limits.allocators
     out = []
     for name in wanted:
-        if have.get(name) is None:
+        reason = get_allocator(name).unavailable()
+        if reason is None:
             out.append(name)
         else:
-            limits.notes.append(f"allocator {name} left out: {have[name]}")
-    return tuple(out) or ("glibc",)
+            limits.notes.append(f"allocator {name} left out: {reason}")
+    return tuple(out) or (DEFAULT_ALLOCATOR,)
 
 
 def build_space(probe: Probe, limits: Limits) -> Space:

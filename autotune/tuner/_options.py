@@ -18,6 +18,7 @@ from typing import Any, TypedDict
 
 from autotune._units import format_seconds, parse_duration
 from autotune.errors import AutotuneError
+from autotune.process import get_allocator
 from autotune.recipe._factory_runs import FactoryRun
 
 FINALISTS_SHARE = 0.25  # of the budget, at least FINALISTS_MIN_S: the finalists' re-measurement after it
@@ -76,6 +77,8 @@ class SearchOptions:
             self.caches = parse_caches(self.caches)
         elif self.caches is not None:
             self.caches = parse_caches(",".join(self.caches))
+        if self.allocators is not None:
+            self.allocators = tuple(get_allocator(name).name for name in self.allocators)  # unknown: names the valid
         if isinstance(self.max_memory, str):
             self.max_memory = parse_size(self.max_memory)
         elif self.max_memory is not None and (isinstance(self.max_memory, bool) or self.max_memory < 1 << 20):

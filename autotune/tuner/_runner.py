@@ -24,11 +24,11 @@ from typing import Any, Protocol
 import psutil
 
 from autotune._units import format_bytes
-from autotune.caches import remove_trial_folder, trial_folder
+from autotune.caches import ensure_root, remove_trial_folder, trial_folder
 from autotune.config import LoaderConfig
 from autotune.loader import READING
 from autotune.machine import tree_pss, tree_rss
-from autotune.process import PRELOAD_ALLOCATORS, launch_env
+from autotune.process import get_allocator, launch_env
 from autotune.tuner._lifecycle import watch_parent
 from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
 from autotune.tuner._measurement import Measurement
@@ -355,8 +355,6 @@ class Runner:
                 # cache folder, so a disk cache is built once there (under its build lock) and read by all.
                 trial_dir = trial_folder(plan.cache_root)
                 if self.ranks > 1:
-                    from autotune.caches import ensure_root
-
                     ensure_root(trial_dir)  # tagged before any rank writes its lock there
             for r in range(self.ranks):
                 rank_plan = shard(plan, r, self.ranks)
@@ -478,7 +476,7 @@ class Runner:
         (paying an interpreter start, outside the measured figure) instead of forked from the server.
         """
         settings = config.process_settings()
-        if settings.allocator not in PRELOAD_ALLOCATORS:
+        if not get_allocator(settings.allocator).preloaded:
             return self.ctx, None
         if self.blob is None:
             raise TrialFailed(f"{settings.allocator} needs a fresh process, and the dataset cannot be pickled")

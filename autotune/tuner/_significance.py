@@ -23,6 +23,7 @@ from autotune.config import LoaderConfig
 PRIOR_SPREAD = 0.10  # log-scale spread of one configuration's runs before any was repeated (5-18% measured)
 PRIOR_DF = 4  # what the prior spread weighs against the runs' own, in degrees of freedom
 NARROW = 0.05  # a speed-up's interval is narrow enough at about +-5%
+EQUIVALENT = 0.05  # two winners this close in median cost the same in practice: the smaller change is kept
 NOISY_SPREAD = 0.15  # runs of one configuration varying more than ~15% make a machine too noisy to tell
 NOISY_STEAL = 0.05  # CPU time taken by the hypervisor for other guests
 NOISY_LOAD = 1.5  # runnable processes per usable CPU, beyond the search's own
@@ -103,15 +104,20 @@ _C = TypeVar("_C", bound=LoaderConfig)
 def choose(totals: Mapping[_C, float], counts: Mapping[_C, int], default: _C,
            spread: Spread) -> tuple[_C, dict[_C, Ratio]]:
     """The winner and each candidate's speed-up over the default. Only a candidate measurably faster than the
-    default may win; among those, the ones tied with the fastest go to the smallest change."""
+    default may win; among those, the fastest, or a smaller change tied with it and within ``EQUIVALENT`` of its
+    median."""
     base, n = totals[default], counts[default]
     ratios = {c: ratio(base, n, t, counts[c], spread) for c, t in totals.items() if c != default}
     faster = [c for c, r in ratios.items() if r.faster]
     if not faster:
         return default, ratios
     fastest = min(faster, key=lambda c: (totals[c], c.key()))
+    # A tie between two winners says neither is proven faster than the other, not that they are equal: on
+    # a few noisy runs the interval can hold 1.3x. The smaller change is worth only a cost that is the same
+    # in practice, so it must also be within EQUIVALENT of the fastest's median.
     tied = [c for c in faster
-            if c == fastest or ratio(totals[c], counts[c], totals[fastest], counts[fastest], spread).tied]
+            if c == fastest or (totals[c] <= totals[fastest] * (1 + EQUIVALENT)
+                                and ratio(totals[c], counts[c], totals[fastest], counts[fastest], spread).tied)]
     return min(tied, key=lambda c: (changes(c, default), totals[c], c.key())), ratios
 
 

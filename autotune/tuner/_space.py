@@ -35,7 +35,7 @@ class Space:
     main_threads: tuple[int | None, ...] = ()  # None: leave torch's own count
     persistent: tuple[bool, ...] = (False, True)
     caches: tuple[str | None, ...] = (None,)
-    allocators: tuple[str, ...] = ("glibc",)
+    allocators: tuple[str, ...] = (DEFAULT.allocator,)
     # When a cache is filled: before the first epoch ("build") or while it trains ("first_epoch":
     # autotune/caches/_fill.py for memory, _disk_fill.py for the others); asked only where one of
     # ``filled_caches`` was drawn (a disk cache's fill needs one rank: build_space).

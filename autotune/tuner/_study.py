@@ -25,6 +25,7 @@ from autotune.dataset import Probe, UserSpec
 from autotune.errors import AutotuneError, MeasurementError
 from autotune.machine import shm_rule
 from autotune.machine._hardware import fingerprint as hardware_fingerprint
+from autotune.process import get_allocator
 from autotune.recipe._measured import NO_DIFFERENCE, Finalist, Interval
 from autotune.tuner import _storage
 from autotune.tuner._factory_costs import FactoryCosts
@@ -502,7 +503,9 @@ def _priors(space: Space, default: LoaderConfig) -> list[LoaderConfig]:
                                    context=space.contexts[0], main_threads=default.main_threads))
     caches = [c for c in space.caches if c is not None]
     if caches:
-        allocator = "glibc-tuned" if "glibc-tuned" in space.allocators else default.allocator
+        # the first allocator that reuses large freed blocks at run time, without a fresh process
+        allocator = next((a for a in space.allocators if a != default.allocator and not get_allocator(a).preloaded),
+                         default.allocator)
         cache = next((c for c in caches if cache_backend(c).in_memory), caches[0])  # no disk needed
         share = (space.cache_shares[0] if cache_backend(cache).in_memory and space.cache_shares
                  else None)  # the most that fits

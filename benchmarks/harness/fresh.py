@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.process._settings import PRELOAD_ALLOCATORS, ProcessSettings, launch_env
+from autotune.process import ProcessSettings, get_allocator, launch_env
 from harness import REPO
 
 
@@ -32,7 +32,7 @@ def allocator_env(allocator: str, *, at_start: bool = False) -> dict[str, str]:
     glibc-tuned at run time). ``at_start=True`` sets every allocator in the environment, glibc-tuned's
     thresholds included, and refuses a fallback: for a run that measures the allocator itself.
     """
-    if not at_start and allocator not in PRELOAD_ALLOCATORS:
+    if not at_start and not get_allocator(allocator).preloaded:
         return base_env()
     env, notes = launch_env(ProcessSettings(allocator=allocator), base_env())
     if notes and at_start:  # a fallback would measure the wrong thing

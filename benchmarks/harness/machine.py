@@ -7,7 +7,7 @@ import platform
 from typing import Any
 
 from autotune.machine import _hardware as hardware
-from autotune.process import _allocator as allocator
+from autotune.process import availability
 
 
 def facts(**extra: Any) -> dict[str, Any]:
@@ -16,4 +16,4 @@ def facts(**extra: Any) -> dict[str, Any]:
     keys = ("cpu_model", "usable_cpus", "logical_cpus", "memory_bytes", "gpus", "torch", "cuda", "platform",
             "fingerprint")
     return {**{k: hw.get(k) for k in keys}, "python": platform.python_version(), "described": hardware.describe(hw),
-            "allocators": allocator.availability(), "load_average_1_5_15": list(os.getloadavg()), **extra}
+            "allocators": availability(), "load_average_1_5_15": list(os.getloadavg()), **extra}
