@@ -163,7 +163,7 @@ def search_spec(spec: UserSpec, opts: SearchOptions, output: str | os.PathLike[s
     return Recipe(profile, output), outcome
 
 
-def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10,
+def search(dataset: Any, *, batch_size: int = DEFAULT_BATCH_SIZE, epochs: int = DEFAULT_EPOCHS,
            collate_fn: Callable[..., Any] | None = None, transform: Callable[..., Any] | None = None,
            train_step: Callable[..., Any] | None = None, output: str | os.PathLike[str] | None = DEFAULT_RECIPE,
            samples_per_epoch: int | None = None, **options: Unpack[SearchKeywords]) -> Recipe:
@@ -184,7 +184,7 @@ def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10,
 
 
 def load(path: str | os.PathLike[str] = DEFAULT_RECIPE, *, on_mismatch: str = "warn", dataset: Any = None,
-         budget: str | float = "2m", ranks_per_node: int | None = None) -> Recipe:
+         budget: str | float = SearchOptions.budget, ranks_per_node: int | None = None) -> Recipe:
     """The profile for this machine from a recipe file.
 
     Profiles are filed under (hardware, ranks per node): ``ranks_per_node`` defaults to torchrun's
