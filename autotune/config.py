@@ -51,6 +51,10 @@ DEFAULT_PREFETCH = 2  # DataLoader's own default with workers
 CONTEXTS = ("fork", "forkserver", "spawn")
 CACHE_FILLS = ("build", "first_epoch")
 WORKER_ONLY = ("prefetch_factor", "persistent_workers", "multiprocessing_context", "worker_threads")
+# The DataLoader keywords a configuration sets (``loader_kwargs``), and those of them DataLoader refuses without
+# workers: the factory's caller may override each, and a loader without workers drops the latter.
+LOADER_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "multiprocessing_context")
+WORKER_LOADER_KEYS = tuple(k for k in WORKER_ONLY if k in LOADER_KEYS)
 MAX_WORKERS = 1024
 MAX_PREFETCH = 1024
 MAX_THREADS = 4096

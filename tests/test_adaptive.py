@@ -586,3 +586,30 @@ def test_the_thread_split_moves_the_main_processs_threads_in_place_and_gives_the
                                                        for e in loader.history.events)
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_thread_count_the_run_kept_starts_the_next_run_unless_the_user_set_one(tmp_path, monkeypatch):
+    from autotune.process._settings import torch_default_threads
+
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    before = torch.get_num_threads()
+    default = max(torch_default_threads())
+    try:
+        torch.set_num_threads(default)
+        path = write_recipe(tmp_path / "autotune.json", config=P1)  # no measured gain: threads left alone
+        one = P1.refit(main_threads=1)
+        with autotune.dataloader(Numbers(40), path, adapt=True) as loader:
+            loader.policy = Scripted([P1, one])
+            loader.policy.incumbent = one  # as if the move was kept
+            batches(loader, 2)
+        assert torch.get_num_threads() == default
+        plain = autotune.dataloader(Numbers(40), path)  # the next run starts from what the real step measured
+        assert torch.get_num_threads() == 1 and "torch.set_num_threads(1) in main process" in " ".join(
+            plain.autotune.applied)
+        torch.set_num_threads(default + 1)  # the user's count wins over what was learned
+        with pytest.warns(UserWarning, match="main_threads=1: the user's torch.set_num_threads"):
+            autotune.dataloader(Numbers(40), path)
+        assert torch.get_num_threads() == default + 1
+    finally:
+        torch.set_num_threads(before)

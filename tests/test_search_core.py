@@ -11,7 +11,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.config import DEFAULT, LoaderConfig
+from autotune.config import DEFAULT, LOADER_KEYS, WORKER_LOADER_KEYS, LoaderConfig
 from autotune.dataset._probe import Probe
 from autotune.dataset._userfile import UserSpec
 from autotune.errors import AutotuneError
@@ -165,6 +165,14 @@ def test_grid_holds_exactly_the_valid_points():
     # workers 1..2 x prefetch 2 x persistent 2 x (fork: 1 thread, spawn: 2) = 2*2*2*3 = 24, plus 0 workers;
     # times main threads 3 x caches 3 x allocators 2
     assert len(grid) == (24 + 1) * 3 * 3 * 2
+
+
+def test_the_dataloader_keywords_a_configuration_sets_are_listed_once():
+    # what the factory lets a caller override and a loader without workers drops (config.LOADER_KEYS)
+    with_workers = {tuple(sorted(c.loader_kwargs())) for c in SPACE.grid() if c.num_workers}
+    assert with_workers == {tuple(sorted(LOADER_KEYS))}
+    assert {tuple(sorted(c.loader_kwargs())) for c in SPACE.grid() if not c.num_workers} == {
+        tuple(sorted(set(LOADER_KEYS) - set(WORKER_LOADER_KEYS)))}
 
 
 def test_params_for_refuses_a_point_outside_the_space():

@@ -23,13 +23,14 @@ import numpy as np
 import torch
 
 from autotune.caches import _provenance
-from autotune.caches._codec import Schema, infer_schema, sample_digest
+from autotune.caches._codec import Schema, infer_schema, sample_digest, unpack
 from autotune.caches._draws import RandomSamples, WatchedReads, message
 from autotune.caches._lease import LEASE, Lease, exclusive
 from autotune.caches._own import MARKER, is_marked, make_own, mark, remove_own
 from autotune.caches._provenance import Sources
 from autotune.caches._trust import UntrustedCache, check_trusted, sign, signature_problem
 from autotune.errors import AutotuneError
+from autotune.machine import files_under
 
 FORMAT_VERSION = 4  # 2: content-addressed directories, build facts, probe digests; 3: pickle's record index;
 # 4: the sources every sample was read from (``_provenance``), a signed manifest
@@ -167,8 +168,6 @@ def sources_for(manifest: dict[str, Any], root: Path) -> Sources:
     sources = Sources(exclude=[root])
     data_dir = (manifest.get("facts") or {}).get("data_dir")
     if isinstance(data_dir, str) and os.path.isdir(data_dir):
-        from autotune.machine._evict import files_under
-
         for f in sorted(files_under(data_dir)):
             sources.add(f)
     return sources
@@ -391,8 +390,6 @@ class DiskCache(Cache):
         """Store the packed records (``codec.pack``) that a fill wrote, position k at ``records[k]`` =
         (file, offset, length, crc32), into ``tmp``; backend facts for the manifest. The default unpacks
         them into ``_write``; a backend that stores such records as they are overrides it."""
-        from autotune.caches._codec import unpack
-
         def samples() -> Generator[Any, None, None]:
             fds: dict[Path, int] = {}
             try:

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from autotune.caches._draws import _state
+
 MAX_BYTES = 256 << 20  # array bytes hashed whole, per dataset
 _MAX_NODES = 2_000_000  # values walked one by one (containers that JSON cannot take whole)
 _MAX_DEPTH = 24
@@ -94,8 +96,6 @@ class Contents:
             h.update(b"S")
             self._unordered(h, ((v, None) for v in value), name, depth, pairs=False)
         elif isinstance(value, (random.Random, np.random.Generator, np.random.RandomState, torch.Generator)):
-            from autotune.caches._draws import _state
-
             h.update(b"R" + type(value).__name__.encode())
             self._feed(h, _state(value), name, depth + 1)
         elif isinstance(value, (types.FunctionType, types.MethodType, types.CodeType, type, types.ModuleType,

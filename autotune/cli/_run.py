@@ -23,7 +23,7 @@ from autotune.cli._options import add_json, add_ranks_per_node, add_recipe, prin
 from autotune.errors import AutotuneError
 from autotune.machine import _hardware as hardware
 from autotune.machine import ranks_per_node
-from autotune.process import ProcessSettings, launch_env
+from autotune.process import ProcessSettings, allocator_names, get_allocator, launch_env
 from autotune.recipe._file import RecipeFile, choose_profile, mismatch_message
 
 
@@ -38,7 +38,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "run",
         help="start a command with the recipe's process settings (allocator, threads) applied",
         description="Start CMD with this machine's process settings from the recipe applied: the "
-        "memory allocator (LD_PRELOAD of tcmalloc/jemalloc, or glibc thresholds) and OpenMP/MKL "
+        f"memory allocator (LD_PRELOAD of {'/'.join(n for n in allocator_names() if get_allocator(n).preloaded)}, "
+        "or glibc thresholds) and OpenMP/MKL "
         "thread counts. A library missing here falls back with a message. Example: "
         "autotune run -- python train.py",
     )

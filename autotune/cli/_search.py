@@ -7,7 +7,7 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING
 
-from autotune._units import format_seconds
+from autotune._units import format_bytes, format_seconds
 from autotune.cli._options import add_json, add_recipe, print_json
 from autotune.cli._validate import summary as validation_summary
 from autotune.errors import AutotuneError
@@ -73,7 +73,6 @@ def options_from(args: argparse.Namespace) -> SearchOptions:
 
 
 def summary(recipe: Recipe, outcome: Outcome, output: str | None) -> str:
-    from autotune._units import format_bytes
     from autotune.recipe._measured import Subset
 
     m = recipe.profile.measured

@@ -32,6 +32,7 @@ import torch
 
 from autotune.caches._codec import samples_equal
 from autotune.caches._draws import WatchedReads, message
+from autotune.caches._key import _datasets
 from autotune.dataset._userfile import read_sample
 
 log = logging.getLogger("autotune")
@@ -50,8 +51,6 @@ def _indices(length: int, probe: int, seed: int) -> list[int]:
 
 def _with_epochs(dataset: Any) -> list[Any]:
     """The dataset and the datasets it wraps that have ``set_epoch`` (a Subset's dataset, a concat's parts)."""
-    from autotune.caches._key import _datasets
-
     return [d for d in _datasets(dataset) if callable(getattr(d, "set_epoch", None))]
 
 

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autotune._units import format_fine
+from autotune.caches import backend_names
 
 __all__ = ["LOADER_STAGES", "STAGE_LABELS", "Breakdown", "Verdict", "judge"]
 
@@ -137,6 +138,11 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: _finite(v) for k, v in asdict(self).items()}
+
+
+def _caches() -> str:
+    """The cache backends a verdict names, as registered (``caches._family``)."""
+    return ", ".join(backend_names())
 
 
 def _finite(value: Any) -> Any:
@@ -285,7 +291,7 @@ def judge(m: Breakdown) -> Verdict:
         lines.append(
             f"The first epoch reads cold files: {_ms(cold_stages['storage'])} of storage per batch makes "
             f"{STAGE_LABELS['storage']} dominate it ({ceilings['cold']:,.0f} samples/s); later epochs read "
-            "from the page cache. A cache (memory, pickle, lmdb, hdf5) pays that read once, when it is built.")
+            f"from the page cache. A cache ({_caches()}) pays that read once, when it is built.")
     if not m.evicted:
         lines.append("Note: the files could not be evicted, so the 'cold' figures are warm ones.")
     return Verdict(
@@ -315,7 +321,7 @@ def _advice(m: Breakdown, stage: str, stages: dict[str, float], shares: dict[str
         every = "every epoch, since the files do not fit in the page cache" if not m.fits_in_memory else \
             "even from the page cache"
         lines.append(f"Opening and reading files dominates ({share}, {_ms(stages['storage'])} per batch, {every}).")
-        helps.append(f"a cache (memory, pickle, lmdb, hdf5): dataset[i] is read once and kept, about {cache_size}")
+        helps.append(f"a cache ({_caches()}): dataset[i] is read once and kept, about {cache_size}")
         helps.append("a faster format: a few large files read sequentially instead of many small ones")
         helps.append("more workers, if the storage serves parallel reads (local SSDs do, network disks often not)")
         cannot.append("a larger prefetch_factor or persistent workers: they hide delays, they do not raise the "
@@ -323,7 +329,7 @@ def _advice(m: Breakdown, stage: str, stages: dict[str, float], shares: dict[str
     elif stage == "decode":
         lines.append(f"Decoding in dataset[i] dominates ({share}); reading the files is only {read_share}.")
         helps.append(f"more workers, up to {cpus} (decoding runs in the workers, in parallel)")
-        helps.append(f"a cache (memory, pickle, lmdb, hdf5): it keeps dataset[i] decoded, so decoding is paid "
+        helps.append(f"a cache ({_caches()}): it keeps dataset[i] decoded, so decoding is paid "
                      f"once, for about {cache_size}")
         cannot.append(f"faster storage or a faster format for the source files: reading is only {read_share}")
         cannot.append("prefetch_factor or pin_memory: they do not make decoding cheaper")

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from autotune.config import LoaderConfig
+from autotune.config import WORKER_LOADER_KEYS, LoaderConfig
 from autotune.loader._order import own_batches, plain_order
 from autotune.process import DEFAULT_ALLOCATOR, worker_init
 
@@ -76,7 +76,7 @@ def make_loader(dataset: Any, config: LoaderConfig, *, user_worker_init: Callabl
     if loader_cls is not DataLoader:
         kwargs = own_batches(dataset, kwargs)  # its samplers may draw otherwise (StatefulDataLoader's do)
     if not kwargs.get("num_workers"):
-        for key in ("prefetch_factor", "persistent_workers", "multiprocessing_context"):
+        for key in WORKER_LOADER_KEYS:
             kwargs.pop(key, None)
         kwargs.pop("timeout", None)
     return plain_order(loader_cls)(dataset, **kwargs)

@@ -206,6 +206,22 @@ def _unwatch(iterator: Any) -> None:
         iterator._worker_pids_set = False
 
 
+def _stop_broken(exc: BaseException) -> None:
+    """Stop the pools in ``exc``'s traceback: an inner iterator whose start failed (a worker died before
+    ``iter()`` returned, torch's SIGCHLD check raising inside it) is held by nothing else, with its workers'
+    pids still in that check, which would raise again as its other workers exit."""
+    tb = exc.__traceback__
+    seen: set[int] = set()
+    while tb is not None:
+        it = tb.tb_frame.f_locals.get("self")
+        if it is not None and id(it) not in seen and hasattr(it, "_shutdown_workers"):
+            seen.add(id(it))
+            _unwatch(it)
+            if hasattr(it, "_shutdown") and hasattr(it, "_workers"):  # far enough in its start to have a pool
+                shut_down(None, it)
+        tb = tb.tb_next
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
@@ -410,6 +426,7 @@ class AdaptiveLoader:
         assert self._stream is not None  # _recoverable
         failed, good = self.config, self.policy.incumbent
         why = _first_line(exc)
+        _stop_broken(exc)
         self.policy.crashed(failed, why)
         at = self._stream.epoch.delivered + 1
         self._switch(good)

@@ -20,7 +20,8 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from autotune.caches import cache_path, dataset_key, default_root, expected_manifest
-from autotune.config import WORKER_ONLY as _WORKER_ONLY
+from autotune.config import LOADER_KEYS as TUNED_KEYS
+from autotune.config import WORKER_LOADER_KEYS as WORKER_ONLY
 from autotune.config import ConfigError, LoaderConfig
 from autotune.dataset import is_stream
 from autotune.errors import AutotuneError, DatasetError
@@ -35,8 +36,6 @@ from autotune.recipe._memory_fit import fit_memory
 
 log = logging.getLogger("autotune")
 
-TUNED_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "multiprocessing_context")
-WORKER_ONLY = tuple(k for k in _WORKER_ONLY if k in TUNED_KEYS)
 FROM_RECIPE = "recipe"  # cache=: use the recipe's backend (the default); None: no cache; a name: that one
 _said: set[str] = set()  # what could not be applied is said once per process, not once per loader
 

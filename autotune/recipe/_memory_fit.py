@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune._units import format_bytes
+from autotune.caches._codec import sample_nbytes
 from autotune.config import LoaderConfig, cache_backend, partial_count
 from autotune.machine._memory import BUDGET_SHARE
 from autotune.machine._memory_limit import JobMemory, job_memory
@@ -66,8 +67,6 @@ def fit_memory(config: LoaderConfig, measured: Any, dataset: Any, *, batch_size:
     cache = 0
     if backend is not None:
         if sample_bytes is None:
-            from autotune.caches._codec import sample_nbytes
-
             sample_bytes = float(sample_nbytes(dataset[0]))
         cache = _cache_need(backend, sample_bytes, partial_count(config.cache_share, length))
     peak = getattr(measured, "peak_memory_bytes", None)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from autotune._units import format_bytes
+from autotune.caches import backend_names, estimate_need
 from autotune.config import cache_backend
 from autotune.dataset import Probe
 from autotune.process import DEFAULT_ALLOCATOR, get_allocator, searched_allocators
@@ -63,8 +64,6 @@ def cache_choices(probe: Probe, limits: Limits) -> tuple[str | None, ...]:
     """None (no cache) plus every backend whose estimated need fits, each exclusion noted."""
     if limits.caches is not None and not [c for c in limits.caches if c != "none"]:
         return (None,)
-    from autotune.caches import backend_names, estimate_need
-
     wanted = backend_names() if limits.caches is None else tuple(c for c in limits.caches if c != "none")
     if not probe.deterministic:
         limits.notes.append(f"caches left out: {probe.determinism_note}")

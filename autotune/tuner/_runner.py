@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import psutil
 
 from autotune._units import format_bytes
-from autotune.caches import remove_trial_folder, trial_folder
+from autotune.caches import ensure_root, remove_trial_folder, trial_folder
 from autotune.config import LoaderConfig
 from autotune.loader import READING
 from autotune.machine import tree_pss, tree_rss
@@ -355,8 +355,6 @@ class Runner:
                 # cache folder, so a disk cache is built once there (under its build lock) and read by all.
                 trial_dir = trial_folder(plan.cache_root)
                 if self.ranks > 1:
-                    from autotune.caches import ensure_root
-
                     ensure_root(trial_dir)  # tagged before any rank writes its lock there
             for r in range(self.ranks):
                 rank_plan = shard(plan, r, self.ranks)
