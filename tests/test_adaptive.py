@@ -329,7 +329,8 @@ def test_a_stateful_resume_carries_its_configuration_and_yields_exactly_the_rema
 
 # ------------------------------------------------------------------------------ torchrun
 
-def test_two_ranks_under_torchrun_decide_together_from_the_slowest_ranks_epoch(tmp_path):
+def two_ranks(tmp_path, *args):
+    """adapt_ranks.py under torchrun, two ranks: what each saw."""
     import json
     import os
     import subprocess
@@ -337,7 +338,6 @@ def test_two_ranks_under_torchrun_decide_together_from_the_slowest_ranks_epoch(t
     from pathlib import Path
 
     from autotune.machine import _hardware as hardware
-    from autotune.recipe._file import RecipeFile
 
     config = LoaderConfig(num_workers=1, prefetch_factor=2, persistent_workers=True, multiprocessing_context="fork")
     path = write_recipe(tmp_path / "autotune.json", hw=hardware.collect(ranks_per_node=2), config=config,
@@ -345,10 +345,25 @@ def test_two_ranks_under_torchrun_decide_together_from_the_slowest_ranks_epoch(t
     here = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          str(here / "adapt_ranks.py"), str(tmp_path), str(path)], env=env, capture_output=True,
-                         text=True, timeout=150)
+                          str(here / "adapt_ranks.py"), str(tmp_path), str(path), *args], env=env,
+                         capture_output=True, text=True, timeout=150)
     assert run.returncode == 0, run.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return path, [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_two_ranks_switch_together_at_the_parts_of_a_long_epoch(tmp_path):
+    _, ranks = two_ranks(tmp_path, "4")  # 8 batches a rank an epoch: a part ends after batch 4
+    assert ranks[0]["events"] == ranks[1]["events"]  # every part under the same configuration, on both
+    assert [mid for _, _, mid in ranks[0]["events"]] == [True, False] * 4
+    assert ranks[0]["decisions"] == ranks[1]["decisions"] and ranks[0]["decisions"][:2] == ["warm-up", "try"]
+    seen = [sorted(i for b in ranks[0]["seen"][e] + ranks[1]["seen"][e] for i in b) for e in range(4)]
+    assert seen == [list(range(64))] * 4
+
+
+def test_two_ranks_under_torchrun_decide_together_from_the_slowest_ranks_epoch(tmp_path):
+    from autotune.recipe._file import RecipeFile
+
+    path, ranks = two_ranks(tmp_path)
     assert ranks[0]["configs"] == ranks[1]["configs"]  # every epoch under the same configuration
     assert ranks[0]["decisions"] == ranks[1]["decisions"] and ranks[0]["decisions"][:2] == ["warm-up", "try"]
     assert ranks[0]["configs"][2] != ranks[0]["configs"][1]  # the try: both switched after epoch 2
