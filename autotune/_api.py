@@ -17,6 +17,7 @@ from autotune.config import LoaderConfig, usual_advice
 from autotune.dataset import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS, UserSpec, check_dataset, load_user_file, resolving
 from autotune.errors import AutotuneError
 from autotune.integrations._lightning import plain_loader
+from autotune.integrations._trainer import TrainerArguments, trainer_arguments
 from autotune.machine import _hardware as hardware
 from autotune.machine import ranks_per_node as ranks_from
 from autotune.machine import usable_cpus
@@ -25,10 +26,9 @@ from autotune.recipe._factory import FROM_RECIPE, build_loader
 from autotune.recipe._file import Profile, RecipeFile, choose_profile
 from autotune.recipe._measured import Measured, RunFigures, Subset
 from autotune.recipe._records import DatasetRecord, RunSettings
+from autotune.tuner._options import SearchKeywords, SearchOptions
 
 if TYPE_CHECKING:
-    from autotune.integrations._trainer import TrainerArguments
-    from autotune.tuner._options import SearchKeywords, SearchOptions
     from autotune.tuner._predict import Prediction
     from autotune.tuner._study import Outcome
 
@@ -90,8 +90,6 @@ class Recipe:
         """For the Hugging Face Trainer: ``args, not_carried = recipe.trainer_arguments()``, then
         ``TrainingArguments(..., **args)``. ``not_carried`` lists, one line each, what the recipe holds that
         those arguments cannot carry (a cache, the allocator, thread counts) and how to apply it."""
-        from autotune.integrations._trainer import trainer_arguments
-
         return trainer_arguments(self.config)
 
     def __repr__(self) -> str:
@@ -165,7 +163,7 @@ def search_spec(spec: UserSpec, opts: SearchOptions, output: str | os.PathLike[s
     return Recipe(profile, output), outcome
 
 
-def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10,
+def search(dataset: Any, *, batch_size: int = DEFAULT_BATCH_SIZE, epochs: int = DEFAULT_EPOCHS,
            collate_fn: Callable[..., Any] | None = None, transform: Callable[..., Any] | None = None,
            train_step: Callable[..., Any] | None = None, output: str | os.PathLike[str] | None = DEFAULT_RECIPE,
            samples_per_epoch: int | None = None, **options: Unpack[SearchKeywords]) -> Recipe:
@@ -178,8 +176,6 @@ def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10,
     length is known (``__len__``, or ``samples_per_epoch``). The multiprocessing start method is the
     caller's again when it returns."""
     check_dataset(dataset, "the dataset")
-    from autotune.tuner._options import SearchOptions
-
     spec = UserSpec(dataset=dataset, source=f"<python object: {type(dataset).__name__}>", batch_size=batch_size,
                     epochs=epochs, collate_fn=collate_fn, transform=transform, train_step=train_step,
                     samples_per_epoch=samples_per_epoch)
@@ -188,7 +184,7 @@ def search(dataset: Any, *, batch_size: int = 32, epochs: int = 10,
 
 
 def load(path: str | os.PathLike[str] = DEFAULT_RECIPE, *, on_mismatch: str = "warn", dataset: Any = None,
-         budget: str | float = "2m", ranks_per_node: int | None = None) -> Recipe:
+         budget: str | float = SearchOptions.budget, ranks_per_node: int | None = None) -> Recipe:
     """The profile for this machine from a recipe file.
 
     Profiles are filed under (hardware, ranks per node): ``ranks_per_node`` defaults to torchrun's
@@ -220,8 +216,6 @@ def _search_here(nearest: Profile, path: str | os.PathLike[str], dataset: Any, b
         spec = UserSpec(dataset=dataset, source=source, batch_size=settings.batch_size or DEFAULT_BATCH_SIZE,
                         epochs=settings.epochs or DEFAULT_EPOCHS,
                         samples_per_epoch=nearest.dataset.length if known else None)
-    from autotune.tuner._options import SearchOptions
-
     opts = SearchOptions(budget=parse_duration(budget), ranks_per_node=ranks)
     return search_spec(spec, opts, path)[0]
 

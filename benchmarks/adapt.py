@@ -18,8 +18,8 @@ fresh process; the rows are interleaved (A B C A B C ...); the figure is the who
 recipe is the grid's best, so its "grid best" row is its "fixed recipe" runs (one configuration).
 
 The full run on 2 CPUs: a 60 s search, then 3 grid points x 3 scenarios and 3 rows x 3 repeats x 3
-scenarios plus 2 x 3 for ``no_regret``: 42 fresh runs of 8 epochs of 1024 samples (~18 s each on a
-quiet machine), about 14 minutes in all.
+scenarios plus 2 x 3 for ``no_regret``: 42 fresh runs of 8 epochs of 60 batches (a step of 25-37 ms on a
+quiet 2-CPU machine, estimated: 12-18 s a run), 11-15 minutes in all; it says its plan as it starts.
 
     python benchmarks/adapt.py [--quick] [--scenarios mismatch phase ...] [--repeats 3] [--epochs 8]
 """
@@ -162,7 +162,7 @@ def scenario_result(run: Any, scenario: str, recipe: LoaderConfig, evaluated: li
 def main(argv: list[str] | None = None) -> int:
     p = output.parser(__doc__, NAME)
     p.add_argument("--epochs", type=int, default=8)
-    p.add_argument("--samples", type=int, default=1024)
+    p.add_argument("--samples", type=int, default=960)
     p.add_argument("--work", type=int, default=6, help="rounds of numpy work per sample")
     p.add_argument("--step-rounds", type=int, default=40, help="matmuls per training step")
     p.add_argument("--budget", type=float, default=60.0, help="scenario 1's search, seconds")
@@ -186,7 +186,14 @@ def main(argv: list[str] | None = None) -> int:
         params = {**base, "scenario": scenario, "config": config.to_json(), "adapt": adapt}
         return run_fresh(__file__, scenario, params, epochs=args.epochs, timeout=900)
 
-    recipe, search = searched_recipe(args, work, max_workers)
+    conditions_run = {GRID_OF.get(s, s) for s in args.scenarios}
+    planned = len(conditions_run) * len(grid(max_workers, args.quick)) + sum(
+        repeats * (2 if s == "no_regret" else 3) for s in args.scenarios)
+    searching = not args.quick and any(s != "no_regret" for s in args.scenarios)  # no_regret's recipe is the grid's
+    output.say(f"adapt: {planned} fresh runs of {args.epochs} epochs of {args.samples} samples"
+               + (f", after a {args.budget:g} s search" if searching else ""))
+    recipe, search = (searched_recipe(args, work, max_workers) if searching or args.quick
+                      else (usual_advice(max_workers, context="fork"), {"note": "no_regret alone: no search"}))
     grids: dict[str, list[dict[str, Any]]] = {}
     results: dict[str, Any] = {}
     rows = []

@@ -16,12 +16,14 @@ from workloads import Numbers  # noqa: E402
 import autotune  # noqa: E402
 
 
-def main(out: str, recipe: str) -> None:
+def main(out: str, recipe: str, part_batches: str | None = None) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     dataset = Numbers(64, delay=0.004 if rank == 1 else 0.0)  # rank 1 is the slow one
     sampler = DistributedSampler(dataset, shuffle=True, seed=3)
     loader = autotune.dataloader(dataset, recipe, adapt=True, sampler=sampler, batch_size=4)
+    if part_batches is not None:
+        loader.part_batches = int(part_batches)
     configs, seen = [], []
     for epoch in range(4):
         sampler.set_epoch(epoch)
@@ -31,9 +33,10 @@ def main(out: str, recipe: str) -> None:
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"configs": configs, "seen": seen, "decisions": [e.decision for e in events],
                    "seconds_per_batch": [e.seconds_per_batch for e in events],
-                   "decided": len(loader.policy.stats)}, f)
+                   "decided": len(loader.policy.stats),
+                   "events": [[e.config.to_json(), e.next_config.to_json(), e.mid_epoch] for e in events]}, f)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

@@ -329,7 +329,8 @@ def test_a_stateful_resume_carries_its_configuration_and_yields_exactly_the_rema
 
 # ------------------------------------------------------------------------------ torchrun
 
-def test_two_ranks_under_torchrun_decide_together_from_the_slowest_ranks_epoch(tmp_path):
+def two_ranks(tmp_path, *args):
+    """adapt_ranks.py under torchrun, two ranks: what each saw."""
     import json
     import os
     import subprocess
@@ -337,7 +338,6 @@ def test_two_ranks_under_torchrun_decide_together_from_the_slowest_ranks_epoch(t
     from pathlib import Path
 
     from autotune.machine import _hardware as hardware
-    from autotune.recipe._file import RecipeFile
 
     config = LoaderConfig(num_workers=1, prefetch_factor=2, persistent_workers=True, multiprocessing_context="fork")
     path = write_recipe(tmp_path / "autotune.json", hw=hardware.collect(ranks_per_node=2), config=config,
@@ -345,10 +345,25 @@ def test_two_ranks_under_torchrun_decide_together_from_the_slowest_ranks_epoch(t
     here = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          str(here / "adapt_ranks.py"), str(tmp_path), str(path)], env=env, capture_output=True,
-                         text=True, timeout=150)
+                          str(here / "adapt_ranks.py"), str(tmp_path), str(path), *args], env=env,
+                         capture_output=True, text=True, timeout=150)
     assert run.returncode == 0, run.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return path, [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_two_ranks_switch_together_at_the_parts_of_a_long_epoch(tmp_path):
+    _, ranks = two_ranks(tmp_path, "4")  # 8 batches a rank an epoch: a part ends after batch 4
+    assert ranks[0]["events"] == ranks[1]["events"]  # every part under the same configuration, on both
+    assert [mid for _, _, mid in ranks[0]["events"]] == [True, False] * 4
+    assert ranks[0]["decisions"] == ranks[1]["decisions"] and ranks[0]["decisions"][:2] == ["warm-up", "try"]
+    seen = [sorted(i for b in ranks[0]["seen"][e] + ranks[1]["seen"][e] for i in b) for e in range(4)]
+    assert seen == [list(range(64))] * 4
+
+
+def test_two_ranks_under_torchrun_decide_together_from_the_slowest_ranks_epoch(tmp_path):
+    from autotune.recipe._file import RecipeFile
+
+    path, ranks = two_ranks(tmp_path)
     assert ranks[0]["configs"] == ranks[1]["configs"]  # every epoch under the same configuration
     assert ranks[0]["decisions"] == ranks[1]["decisions"] and ranks[0]["decisions"][:2] == ["warm-up", "try"]
     assert ranks[0]["configs"][2] != ranks[0]["configs"][1]  # the try: both switched after epoch 2
@@ -523,6 +538,28 @@ def test_a_candidate_whose_workers_fail_hands_the_epoch_back_with_one_warning(tm
     assert (crash.config, crash.next_config) == (P2, P1) and P2 in loader.policy.failed
     gc.collect()  # a pool whose start failed is cleaned up when its traceback goes
     assert loader.config == P1 and workers_alive() == 1
+
+
+class ShmFullLate(Numbers):
+    """A two-worker pool fails from sample 40 on (/dev/shm filling up as the epoch goes)."""
+
+    def __getitem__(self, i):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is not None and info.num_workers == 2 and i >= 40:
+            raise RuntimeError("unable to write to file </torch_123_456_1>: No space left on device (28)")
+        return super().__getitem__(i)
+
+
+def test_a_candidate_that_fails_after_reading_a_part_still_hands_the_epoch_back(tmp_path):
+    path = write_recipe(tmp_path / "autotune.json", config=P1, batch_size=4)
+    loader = autotune.dataloader(ShmFullLate(64), path, adapt=True)
+    loader.policy, loader.part_batches = Scripted([P1, P2, P2, P1]), 4  # P2 reads samples 16-31, then fails
+    with pytest.warns(UserWarning, match="the epoch goes on at batch 11"):
+        got = batches(loader, 1)[0]
+    assert got == [list(range(i, i + 4)) for i in range(0, 64, 4)]
+    assert [e.decision for e in loader.history.events].count("crash") == 1 and loader.config == P1
 
 
 def test_a_dataset_error_the_plain_loader_meets_too_is_raised_after_any_switch(tmp_path):

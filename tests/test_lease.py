@@ -77,12 +77,22 @@ def _reader(tmp_path: Path, recipe: Path, *, epochs: int, wait: bool) -> subproc
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _clear(root: Path) -> str:
+def _cache_cli(action: str, root: Path) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "autotune", "cache", "clear", "--dir", str(root)],
+    done = subprocess.run([sys.executable, "-m", "autotune", "cache", action, "--dir", str(root)],
                           capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def _clear(root: Path) -> str:
+    return _cache_cli("clear", root)
+
+
+def _state(listing: str, path: str) -> str:
+    """The STATE column of ``path``'s row in `autotune cache list`."""
+    [row] = [line for line in listing.splitlines() if f" {path} " in f" {line} "]
+    return row.split("  ")[-1].strip()
 
 
 @pytest.mark.parametrize("backend, workers, fill", [
@@ -99,6 +109,7 @@ def test_cache_clear_leaves_a_cache_a_loader_is_reading(tmp_path, backend, worke
         assert reader.stdout.readline().strip() == caches.get_backend(backend).__name__
         assert reader.stdout.readline().strip() == "read one epoch"
         [cache] = [e for e in caches.list_caches(tmp_path / "c") if e["kind"] == "cache"]
+        assert cache["in_use"] and _state(_cache_cli("list", tmp_path / "c"), cache["path"]) == "valid, in use"
         said = _clear(tmp_path / "c")
         assert f"Left {cache['path']} untouched: in use by a loader reading it." in said
         assert "Removed 0 caches" in said
@@ -109,6 +120,7 @@ def test_cache_clear_leaves_a_cache_a_loader_is_reading(tmp_path, backend, worke
         reader.kill()
     assert reader.returncode == 0, err
     assert out.split() == ["exact", str(3 * 40)], "every epoch read exactly, the clear notwithstanding"
+    assert _state(_cache_cli("list", tmp_path / "c"), cache["path"]) == "valid"  # the loader is gone
     assert "Removed 1 cache " in _clear(tmp_path / "c")  # free once the loader is gone
     assert [e for e in caches.list_caches(tmp_path / "c") if e["kind"] == "cache"] == []
 

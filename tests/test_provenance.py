@@ -142,6 +142,21 @@ class Hdf5Native(Dataset):
         return {**self.__dict__, "_file": None, "_pid": None}
 
 
+class Hdf5PerRead(Dataset):
+    """The HDF5 file opened and closed by native code inside every read (``with h5py.File(self.path)``): no
+    open through Python, no file held open between reads."""
+
+    def __init__(self, root):
+        self.path = str(Path(root) / "meta" / "data.h5")
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        with h5py.File(self.path, "r") as f:
+            return torch.from_numpy(f["x"][i]), i
+
+
 class Memmapped(Dataset):
     """One array memory-mapped in ``__init__`` (numpy closes the descriptor: only the mapping is left)."""
 
@@ -215,6 +230,7 @@ PATTERNS = {
     "labels in a pandas frame": (CsvLabels, _relabel),
     "labels in csv rows": (CsvRows, _relabel),
     "hdf5 opened natively": (Hdf5Native, _edit_stacked_in_place),
+    "hdf5 opened natively in each read": (Hdf5PerRead, _edit_stacked_in_place),
     "memory-mapped array": (Memmapped, _edit_stacked_in_place),
 }
 MODES = [("build", 0), ("build", 2), ("fill", 2)]

@@ -14,6 +14,7 @@ import pytest
 
 import autotune
 from autotune.cli._main import build_parser
+from autotune.dataset import DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS
 from autotune.errors import AutotuneError
 from autotune.tuner._options import SearchKeywords, SearchOptions, user_fields
 
@@ -35,6 +36,10 @@ def test_the_cli_and_the_api_offer_the_same_options_with_one_set_of_defaults():
     # no flag has a default of its own: an unset flag is SearchOptions' default
     args = _search_parser().parse_args(["x.py"])
     assert all(getattr(args, n) is None for n in names)
+    # nor has the API: the batch and epochs the command line reads from a file without them, the search
+    # that load(on_mismatch="search") runs
+    assert (api["batch_size"].default, api["epochs"].default) == (DEFAULT_BATCH_SIZE, DEFAULT_EPOCHS)
+    assert inspect.signature(autotune.load).parameters["budget"].default == SearchOptions().budget
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -345,6 +345,7 @@ class DiskCache(Cache):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = make_own(path.parent / temp_name(path.name, "tmp"), "build")  # 0o700: see _trust
         sources = sources_for(manifest, path.parent)
+        sources.add_named(dataset)  # stated before any read
         samples = read_source(dataset, indices, workers=workers, progress=progress,
                               desc=f"Building {cls.name} cache", sources=sources)
         checked = checked_against_probes(samples, indices, manifest.get("probes"))

@@ -145,8 +145,11 @@ class DiskFill(Dataset[Any]):
         self.owner = os.getpid()
         self._local: _Local | None = None
         self._reads = WatchedReads(dataset)
-        self._sources: Sources | None = None  # this process's record of what its reads opened (``_provenance``)
-        self._sources_pid = 0
+        # this process's record of what its reads opened (``_provenance``); the files the dataset's attributes
+        # name first, stated before any read and sent with the head's record
+        self._sources: Sources | None = Sources()
+        self._sources.add_named(dataset)
+        self._sources_pid = os.getpid()
         head = [self._read(k) for k in range(min(_HEAD, n))]
         self.schema = infer_schema(head)
         for k, sample in enumerate(head):

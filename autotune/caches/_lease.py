@@ -80,11 +80,25 @@ def exclusive(path: Path | str) -> int | None:
 
 
 def in_use(path: Path | str) -> bool:
-    """Whether some process holds a lease on the cache folder ``path`` now."""
-    fd = exclusive(path)
-    if fd is None:
-        return os.path.isdir(path)
-    os.close(fd)
+    """Whether a loader holds the lease on ``path`` now. Read-only: a folder without a lease file was
+    never opened by a loader; with one, an exclusive lock is tried without waiting and let go at once
+    (a reader opening meanwhile waits that instant for its shared one)."""
+    try:
+        folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fd = os.open(LEASE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+    except OSError:
+        return False
+    finally:
+        os.close(folder)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the probe's lock, if it got one
     return False
 
 

@@ -13,8 +13,11 @@ file" is the union of
   ``__init__``, a numpy memmap, an Arrow table). Files open before the build are stated before it
   starts; one opened natively inside a read is stated right after it, which leaves a window of one
   read in which an edit goes unseen;
+- each regular file a string or path attribute of the dataset (or of a dataset it wraps) names, stated
+  before the first read: what native code opens and closes inside every read reads (``with
+  h5py.File(self.path)``), which neither of the above sees;
 - every file under ``data_dir`` when the caller names one (files read by native code that opens and
-  closes them within one call, ``cv2.imread``, are seen no other way).
+  closes them within one call under a folder, ``cv2.imread(f"{root}/{name}")``, are seen no other way).
 
 Code (imported modules, the standard library, installed packages), /proc, /sys, /dev and autotune's
 own cache folders are not sources. The record is a file of the cache, ``sources.bin``, whose digest
@@ -37,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.caches._key import _datasets
 from autotune.caches._own import is_marked
 from autotune.machine import _evict
 
@@ -85,6 +89,24 @@ class Sources:
         """The entries seen since the last call (what a worker sends on, without copying the whole record)."""
         new, self._new = self._new, []
         return new
+
+    def add_named(self, dataset: Any) -> None:
+        """Add the regular files the dataset's string or path attributes name (and those of the datasets it
+        wraps): a native reader that opens and closes its file inside each read leaves no other trace."""
+        for d in _datasets(dataset):
+            try:
+                values = list(vars(d).values())
+            except TypeError:
+                continue
+            for value in values:
+                if not isinstance(value, (str, os.PathLike)):
+                    continue
+                try:
+                    path = os.fspath(value)
+                except TypeError:
+                    continue
+                if isinstance(path, str) and path and stat_of(path) is not None:
+                    self.add(os.path.abspath(path))
 
     def update(self, entries: dict[str, Stat | None]) -> None:
         for path, st in entries.items():

@@ -35,6 +35,7 @@ from autotune.caches._disk_fill import DiskFill, active_fill
 from autotune.caches._family import backend as get_backend
 from autotune.caches._family import folder_pattern, names
 from autotune.caches._key import describe_change, kinship
+from autotune.caches._lease import in_use
 from autotune.caches._lock import BuildLock, is_free, lock_path
 from autotune.caches._own import MARKER, is_marked, is_own, remove_own
 from autotune.caches._trials import TRIAL_LOCK, is_leftover
@@ -329,13 +330,15 @@ def _classify(path: Path) -> dict[str, Any]:
         if actual != size:
             entry.update(status="corrupt", reason=f"{f} has {actual} bytes, the manifest says {size}")
             break
+    entry["in_use"] = in_use(path)  # a loader reads it: `cache clear` leaves it
     return entry
 
 
 def list_caches(root: Path | str | None = None) -> list[dict[str, Any]]:
     """Everything in ``root`` (default: the per-user cache folder), judged from names, modes and JSON
     manifests only: backend, path, samples, nbytes, dataset, built, status (valid / corrupt / untrusted
-    / partial / building / trial leftover / trial running / foreign) and reason."""
+    / partial / building / trial leftover / trial running / foreign), reason, and for a cache whether a
+    loader reads it now (``in_use``: its lease is held)."""
 
     root = Path(root) if root is not None else default_root()
     if not root.is_dir():

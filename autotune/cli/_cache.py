@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     header = ("BACKEND", "PATH", "SAMPLES", "SIZE", "DATASET", "BUILT", "STATE")
     rows = [header] + [
         (e["backend"] or "-", e["path"], "-" if e["samples"] is None else str(e["samples"]), _size(e["nbytes"]),
-         str(e["dataset"] or "-"), (e["built"] or "-").replace("T", " ")[:19], e["status"])
+         str(e["dataset"] or "-"), (e["built"] or "-").replace("T", " ")[:19],
+         e["status"] + (", in use" if e.get("in_use") else ""))
         for e in entries
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
