@@ -26,10 +26,11 @@ _spec = importlib.util.spec_from_file_location("run_all", BENCH / "run_all.py")
 run_all = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(run_all)
 
-# search_cost reuses article_table's search, so they share a group; the groups take about as long
-# (measured: under 7 minutes each on 2 CPUs at a load average of 9; cpu_lstm writes no JPEGs while article_table does).
-GROUPS = (("article_table", "search_cost", "cache_memory", "prediction", "adapt"),
-          ("cpu_lstm", "accelerator", "allocators", "process_settings", "cache_fill", "memory_limit", "provenance"))
+# search_cost reuses article_table's search, so they share a group; the groups take about as long (2026-12-01,
+# load average 9: 970 s and 1036 s before accelerator, 117 s, moved to the first; since then article_table runs 7
+# fewer processes). cpu_lstm writes no JPEGs while article_table does; accelerator's 64 are among its 128.
+GROUPS = (("article_table", "search_cost", "accelerator", "cache_memory", "prediction", "adapt"),
+          ("cpu_lstm", "allocators", "process_settings", "cache_fill", "memory_limit", "provenance"))
 MACHINE_KEYS = {"cpu_model", "usable_cpus", "memory_bytes", "torch", "described", "fingerprint"}
 TIMEOUT = 1200  # a hang's limit; on a quiet 2-CPU machine the whole module takes a few minutes
 ROW_KEYS = {"epoch_s", "setup_s", "total_s", "first_over_steady", "runs", "repeats"}
