@@ -141,6 +141,13 @@ class _EpochBatches:
         self.in_flight.clear()
         self.again.clear()
         self.delivered = self.yielded
+        if self.yielded >= len(self.owner) and self.owner.generator is not None:
+            # saved once the epoch was whole: its draws are made again, as the saved run made them, and this
+            # is the next epoch, whole (not an empty rest of the last)
+            self._begin()
+            for _ in self.batches:
+                pass
+            self.start, self.yielded, self.skip, self.batches, self.delivered = None, 0, 0, None, 0
 
 
 class _Current:
@@ -184,6 +191,7 @@ class EpochStream:
         return len(self.owner)
 
     def __iter__(self) -> _Current:
+        self.rewind()  # a loader starting over (a persistent pool's reset) dropped what it had in flight
         return _Current(self)
 
     def begin(self) -> None:
