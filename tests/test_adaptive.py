@@ -540,6 +540,28 @@ def test_a_candidate_whose_workers_fail_hands_the_epoch_back_with_one_warning(tm
     assert loader.config == P1 and workers_alive() == 1
 
 
+class ShmFullLate(Numbers):
+    """A two-worker pool fails from sample 40 on (/dev/shm filling up as the epoch goes)."""
+
+    def __getitem__(self, i):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is not None and info.num_workers == 2 and i >= 40:
+            raise RuntimeError("unable to write to file </torch_123_456_1>: No space left on device (28)")
+        return super().__getitem__(i)
+
+
+def test_a_candidate_that_fails_after_reading_a_part_still_hands_the_epoch_back(tmp_path):
+    path = write_recipe(tmp_path / "autotune.json", config=P1, batch_size=4)
+    loader = autotune.dataloader(ShmFullLate(64), path, adapt=True)
+    loader.policy, loader.part_batches = Scripted([P1, P2, P2, P1]), 4  # P2 reads samples 16-31, then fails
+    with pytest.warns(UserWarning, match="the epoch goes on at batch 11"):
+        got = batches(loader, 1)[0]
+    assert got == [list(range(i, i + 4)) for i in range(0, 64, 4)]
+    assert [e.decision for e in loader.history.events].count("crash") == 1 and loader.config == P1
+
+
 def test_a_dataset_error_the_plain_loader_meets_too_is_raised_after_any_switch(tmp_path):
     path = write_recipe(tmp_path / "autotune.json", config=P1)
     plain = DataLoader(BadSample(64), batch_size=8, num_workers=1)

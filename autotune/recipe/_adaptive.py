@@ -10,9 +10,9 @@ training loop is). Each epoch, or each ``PART_BATCHES`` of a long one, it times 
 on with; only what can change between iterators moves (workers, prefetch, persistence, pinning, the
 thread split: ``_thread_split``), the source (a cache) is built once. A switch shuts the old workers down
 before the new loader exists, so two pools are never alive at once; a move of the main process's
-threads alone keeps the pool. A candidate that fails (a worker killed, out of memory or /dev/shm, any
-error) before it read a part hands the epoch back to the incumbent at its first undelivered batch, with
-one warning, and is never tried again; the incumbent meeting the same error raises it (a dataset's own
+threads alone keeps the pool. A candidate (a configuration being tried) that fails (a worker killed,
+out of memory or /dev/shm, any error) hands the epoch back to the incumbent at its first undelivered
+batch, with one warning, and is never tried again; the incumbent meeting the same error raises it (a dataset's own
 error is the plain loader's). A move is allowed only where its
 batches fit ``/dev/shm`` and its workers the job's memory budget (the factory's rules: ``shm_rule``, 70%
 of what the job may still take), from the process tree's PSS read at epoch ends, outside the clock.
@@ -416,10 +416,10 @@ class AdaptiveLoader:
             shut_down(None, old)
 
     def _recover(self, exc: Exception) -> bool:
-        """After ``exc`` from the inner loader: True where it is a candidate's failure (a worker killed, out
-        of memory or /dev/shm, any error the incumbent did not meet): the incumbent takes the epoch on from
-        its first undelivered batch. False (raise it) under a configuration that already read a part
-        without failing, without an incumbent that did, or without an owned index stream to hand back; an
+        """After ``exc`` from the inner loader: True where it is a candidate's failure (a configuration being
+        tried, not the incumbent: a worker killed, out of memory or /dev/shm, any error the incumbent did not
+        meet): the incumbent takes the epoch on from its first undelivered batch. False (raise it) under the
+        incumbent, without an incumbent that read a part, or without an owned index stream to hand back; an
         error of the dataset itself so meets the incumbent again on the same batch, and is raised there."""
         if not self._recoverable():
             return False
@@ -439,7 +439,7 @@ class AdaptiveLoader:
     def _recoverable(self) -> bool:
         """Whether a failure now is a candidate's (``_recover``)."""
         failed, good = self.config, self.policy.incumbent
-        return (self._stream is not None and failed not in self._completed and good in self._completed
+        return (self._stream is not None and failed != good and good in self._completed
                 and not _same_pool(failed, good))
 
     def _finish_pending(self, ended: float | None = None) -> None:
