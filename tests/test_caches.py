@@ -130,7 +130,9 @@ def test_subset_of_indices(backend, tmp_path):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("workers, context", [(0, None), (1, "fork"), (2, "fork"), (1, "spawn"), (2, "spawn")])
+# Spawn once per backend, with two workers: each spawned worker unpickles and reopens the cache (what spawn
+# adds), and two of them also split the samples, which the fork cells check with one and two workers.
+@pytest.mark.parametrize("workers, context", [(0, None), (1, "fork"), (2, "fork"), (2, "spawn")])
 def test_roundtrip_through_dataloader_workers(backend, workers, context, tmp_path):
     ds = ZooDataset(6, big_endian=False)
     cache = build(backend, ds, tmp_path)

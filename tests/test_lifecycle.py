@@ -109,6 +109,28 @@ def _is_trial(p: psutil.Process) -> bool:
         return False
 
 
+def _settle(proc: subprocess.Popen, seconds: float = 5.0) -> None:
+    """Wait until no process of the search's session lives (it started one: ``_start``; autotune starts no
+    other), or ``seconds`` pass; the test's assertions follow. Nothing that could still change what they
+    check is left once the session is empty, so this is the fixed sleep the tests took before, ended as soon
+    as its outcome is known."""
+    deadline = time.monotonic() + seconds
+    while _session(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _session(sid: int) -> list[psutil.Process]:
+    """The live processes of session ``sid``."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (OSError, psutil.Error):
+            pass
+    return out
+
+
 def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
     out = []
     for p in procs:
@@ -132,7 +154,7 @@ def test_a_signal_mid_trial_stops_the_whole_tree_and_removes_its_folder(tmp_path
         assert proc.returncode == 128 + sig, err
         said = "interrupted" if sig == signal.SIGINT else f"stopped by {signal.Signals(sig).name}"
         assert f"autotune: {said}" in err
-        time.sleep(5)
+        _settle(proc)
         assert _alive(tree) == []
         assert list((tmp_path / "w" / "cache" / "trials").glob("trial-*")) == []
         assert "leaked" not in err and "Traceback" not in err
@@ -147,7 +169,7 @@ def test_a_killed_search_takes_its_hung_trial_along_and_leaves_a_folder_that_cle
         tree = _wait_for_trial(proc, tmp_path)
         proc.kill()  # no clean-up possible in the search itself
         proc.communicate(timeout=30)
-        time.sleep(5)
+        _settle(proc)
         assert _alive(tree) == []  # the trial's watch thread killed it while it was stuck in a read
     finally:
         if proc.poll() is None:
@@ -236,7 +258,7 @@ def test_a_search_killed_mid_build_of_a_cache_its_ranks_share_leaves_one_folder_
         assert len(ranks) == 2  # the builder and the rank waiting for it
         proc.kill()
         proc.communicate(timeout=30)
-        time.sleep(5)
+        _settle(proc)
         assert _alive(tree) == []
     finally:
         if proc.poll() is None:
