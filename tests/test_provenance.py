@@ -157,6 +157,21 @@ class Hdf5PerRead(Dataset):
             return torch.from_numpy(f["x"][i]), i
 
 
+class Hdf5PerIndex(Dataset):
+    """One HDF5 file per sample, its name computed from the index under a root and opened by h5py's C code
+    inside each read: no Python open, no descriptor left after the read, no attribute naming the file."""
+
+    def __init__(self, root):
+        self.root = str(Path(root) / "h5")
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        with h5py.File(f"{self.root}/{i:05d}.h5", "r") as f:
+            return torch.from_numpy(f["x"][:]), i
+
+
 class Memmapped(Dataset):
     """One array memory-mapped in ``__init__`` (numpy closes the descriptor: only the mapping is left)."""
 
@@ -199,6 +214,20 @@ def _stacked(root: Path) -> None:
     np.save(root / "meta" / "all.npy", data)
 
 
+def _per_index_h5(root: Path) -> None:
+    (root / "h5").mkdir()
+    for i in range(N):
+        with h5py.File(root / "h5" / f"{i:05d}.h5", "w") as f:
+            f["x"] = np.load(root / f"{i:05d}.npy")
+
+
+def _edit_per_index_h5_in_place(root: Path) -> None:
+    time.sleep(0.02)
+    for i in EDITED:
+        with h5py.File(root / "h5" / f"{i:05d}.h5", "r+") as f:
+            f["x"][:] = np.full(16, 100.0 + i, dtype=np.float32)
+
+
 def _edit_sample_files(root: Path) -> None:
     for i in EDITED:
         edit_file(root / f"{i:05d}.npy", 100.0 + i)
@@ -232,6 +261,7 @@ PATTERNS = {
     "hdf5 opened natively": (Hdf5Native, _edit_stacked_in_place),
     "hdf5 opened natively in each read": (Hdf5PerRead, _edit_stacked_in_place),
     "memory-mapped array": (Memmapped, _edit_stacked_in_place),
+    "hdf5 per index under a root, opened natively": (Hdf5PerIndex, _edit_per_index_h5_in_place),
 }
 MODES = [("build", 0), ("build", 2), ("fill", 2)]
 
@@ -243,6 +273,7 @@ def _data(tmp_path: Path) -> Path:
     (root / "meta").mkdir()
     _labels(root)
     _stacked(root)
+    _per_index_h5(root)
     return root
 
 
