@@ -378,6 +378,22 @@ def test_files_of_autotune_s_own_folders_elsewhere_are_no_source_but_a_users_ope
     assert sorted(set(paths) - {str(tmp_path / "user.idx")}) == sorted(str(data / f"{i:05d}.npy") for i in range(N))
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's marker needs root (chown)")
+def test_a_marker_another_user_planted_in_a_data_folder_blinds_no_record(tmp_path):
+    """autotune's own folders are not sources; a folder holding a marker that another user wrote is not
+    autotune's, so its files stay in the record and an edit of them is seen."""
+    from autotune.caches._own import MARKER, mark
+
+    data, root = _data(tmp_path), tmp_path / "caches"
+    mark(data, "staging")
+    os.chown(data / MARKER, 65534, 65534)
+    os.chown(data, 65534, 65534)
+    cache = open_or_build("pickle", Computed(data), root=root, manifest=caches.dataset_key(Computed(data)),
+                          progress=False)
+    paths, _ = read(cache.path, cache.manifest["sources"])
+    assert set(paths) >= {str(data / f"{i:05d}.npy") for i in range(N)}
+
+
 def test_a_symbolic_link_retargeted_reads_as_another_file(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     write_arrays(a)

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from autotune.caches._key import _datasets
-from autotune.caches._own import is_marked
+from autotune.caches._own import is_own
 from autotune.machine import _evict
 
 log = logging.getLogger("autotune")
@@ -127,7 +127,7 @@ class Sources:
         when it holds more than ``TREE_FILES`` entries (a home folder named by the dataset is not walked)."""
         found: list[str] = []
         for top, dirs, files in os.walk(folder):
-            dirs[:] = [d for d in dirs if not is_marked(os.path.join(top, d))]
+            dirs[:] = [d for d in dirs if not is_own(os.path.join(top, d))]
             if len(found) + len(files) + len(dirs) > TREE_FILES:
                 log.info("autotune: %s holds more than %d files; a cache is not checked against all of them "
                          "unless data_dir= names it", folder, TREE_FILES)
@@ -194,8 +194,9 @@ class Sources:
 
     def kept(self) -> dict[str, Stat]:
         """The sources that are data files (not code, libraries, system files or autotune's caches: the
-        folder excluded, and any folder autotune marked as its own, wherever it is, such as another
-        cache, or another loader's fill, that this process holds open under another ``cache_dir``)."""
+        folder excluded, and any folder this user's autotune marked as its own, wherever it is, such as
+        another cache, or another loader's fill, that this process holds open under another ``cache_dir``;
+        a marker in a folder another user made or owns excludes nothing)."""
         modules = _evict.module_files()
         found: dict[str, Stat] = {}
         marked: dict[str, bool] = {}
@@ -210,8 +211,8 @@ class Sources:
             if real is None or (self._exclude and (real + os.sep).startswith(self._exclude)):
                 continue
             folder = os.path.dirname(real)
-            if folder not in marked:
-                marked[folder] = is_marked(folder)
+            if folder not in marked:  # made by this user's autotune: a marker another user planted blinds nothing
+                marked[folder] = is_own(folder)
             if marked[folder]:
                 continue
             found[path] = st
