@@ -240,6 +240,8 @@ def own_batches(dataset: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
 
     if isinstance(dataset, IterableDataset):
         return kwargs
+    if kwargs.get("sampler") is not None and kwargs.get("shuffle"):
+        raise ValueError("sampler option is mutually exclusive with shuffle")  # what a plain DataLoader says
     out = dict(kwargs)
     generator = out.pop("generator", None)
     out["batch_sampler"] = OwnedBatches(dataset, batch_size=out.pop("batch_size", 1),
