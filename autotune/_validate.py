@@ -389,7 +389,9 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
     workers = build_workers()
     decode = bare_decode(dataset, workers, files) if profile.config.cache else None  # what a build is held against
     # The floor's decode: that pass, or, where the run read only some samples, theirs scaled to the dataset.
-    floor_decode = decode if decode is not None else decode_once(dataset, read, workers, files) * length / len(read)
+    floor_decode = decode
+    if floor_decode is None and read:  # a run that read no sample has no floor to be held against
+        floor_decode = decode_once(dataset, read, workers, files) * length / len(read)
     gathers = epoch_gathers(length, sample_nbytes(dataset[0]), batch_size, payload["seed"]) * epochs
     fingerprint = dataset_fingerprint(dataset, spec.source_text)
     return {

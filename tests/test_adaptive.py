@@ -476,7 +476,29 @@ def test_a_stateful_resume_after_a_mid_epoch_switch_yields_exactly_the_remaining
     rest = batches(resumed, 1)[0]  # batches 7-8 teach nothing; it switches after batch 12 and at the end
     assert head + rest == want[0]
     assert [(e.config, e.mid_epoch) for e in resumed.history.switches()] == [(P2, True), (PLAIN2, False)]
+    between = resumed.state_dict()  # saved between epochs: the next one resumes whole
     assert batches(resumed, 1) == want[1:]
+    again = make([LoaderConfig()])
+    again.load_state_dict(between)
+    assert again.config == LoaderConfig() and batches(again, 1) == want[1:]
+
+
+@pytest.mark.parametrize("config", [LoaderConfig(), P2])
+def test_a_stateful_state_saved_between_epochs_resumes_the_next_epoch_whole(tmp_path, config):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    path = write_recipe(tmp_path / "autotune.json", config=config, batch_size=4)
+
+    def make():
+        return autotune.dataloader(Numbers(32), path, adapt="observe", loader_cls=StatefulDataLoader, shuffle=True,
+                                   generator=torch.Generator().manual_seed(9))
+
+    want = batches(DataLoader(Numbers(32), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(9)), 3)
+    loader = make()
+    assert batches(loader, 1) == want[:1]
+    resumed = make()
+    resumed.load_state_dict(loader.state_dict())
+    assert batches(resumed, 2) == want[1:]
 
 
 # ------------------------------------------------------------------------------ a candidate that fails

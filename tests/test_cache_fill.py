@@ -156,6 +156,30 @@ def test_the_factory_fills_while_the_first_epoch_trains(tmp_path):
     assert plain.autotune.settings["cache_fill"] == "build"
 
 
+class Regular(Numeric):
+    """Numeric without its ragged sample: every sample fits the columns, so a built cache gathers too."""
+
+    def __getitem__(self, i: int):
+        return super().__getitem__(0 if i == 13 else i)
+
+
+@pytest.mark.parametrize("fill", ["build", "first_epoch"])
+def test_a_loader_without_batches_hands_each_sample_as_a_plain_one_does(tmp_path, fill):
+    """batch_size=None: each sample goes to the collate function alone, which a plain loader converts
+    (default_convert); the gather path's collate took the sample for a batch (a TypeError here)."""
+    config = LoaderConfig(cache="memory", cache_fill=fill)
+    profile = Profile(hardware=hardware.collect(), dataset=DatasetRecord(source="<python object>", length=37),
+                      settings=RunSettings(batch_size=4, epochs=2), config=config, measured=Measured())
+    path = tmp_path / "autotune.json"
+    RecipeFile.merge_write(path, profile)
+    dataset = Regular()
+    loader = autotune.load(path).dataloader(dataset, batch_size=None, progress=False)
+    plain = list(DataLoader(dataset, batch_size=None))
+    for _ in range(2):
+        got = list(loader)
+        assert len(got) == len(plain) and all(samples_equal(a, b) for a, b in zip(got, plain))
+
+
 def test_the_fill_writes_memory_files_and_closes_their_descriptors():
     import gc
 

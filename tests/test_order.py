@@ -101,3 +101,17 @@ def test_a_stateful_dataloader_of_any_workers_yields_a_plain_loaders_batches(tmp
     got = epochs(autotune.dataloader(dataset, path, shuffle=True, loader_cls=StatefulDataLoader), 2)
     torch.manual_seed(4)
     assert got == epochs(DataLoader(dataset, batch_size=8, shuffle=True), 2)
+
+
+@pytest.mark.parametrize("loader_cls", ["DataLoader", "StatefulDataLoader"])
+def test_a_sampler_with_shuffle_is_refused_as_a_plain_loader_refuses_it(tmp_path, loader_cls):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    cls = {"DataLoader": DataLoader, "StatefulDataLoader": StatefulDataLoader}[loader_cls]
+    path = write_recipe(tmp_path / "autotune.json", config=CONFIGS["2 workers"])
+    dataset = Numbers(10)
+    with pytest.raises(ValueError) as plain:
+        cls(dataset, sampler=list(range(10)), shuffle=True)
+    with pytest.raises(ValueError) as tuned:
+        autotune.dataloader(dataset, path, sampler=list(range(10)), shuffle=True, loader_cls=cls)
+    assert str(tuned.value) == str(plain.value)

@@ -157,6 +157,21 @@ class Hdf5PerRead(Dataset):
             return torch.from_numpy(f["x"][i]), i
 
 
+class Hdf5PerIndex(Dataset):
+    """One HDF5 file per sample, its name computed from the index under a root and opened by h5py's C code
+    inside each read: no Python open, no descriptor left after the read, no attribute naming the file."""
+
+    def __init__(self, root):
+        self.root = str(Path(root) / "h5")
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        with h5py.File(f"{self.root}/{i:05d}.h5", "r") as f:
+            return torch.from_numpy(f["x"][:]), i
+
+
 class Memmapped(Dataset):
     """One array memory-mapped in ``__init__`` (numpy closes the descriptor: only the mapping is left)."""
 
@@ -199,6 +214,20 @@ def _stacked(root: Path) -> None:
     np.save(root / "meta" / "all.npy", data)
 
 
+def _per_index_h5(root: Path) -> None:
+    (root / "h5").mkdir()
+    for i in range(N):
+        with h5py.File(root / "h5" / f"{i:05d}.h5", "w") as f:
+            f["x"] = np.load(root / f"{i:05d}.npy")
+
+
+def _edit_per_index_h5_in_place(root: Path) -> None:
+    time.sleep(0.02)
+    for i in EDITED:
+        with h5py.File(root / "h5" / f"{i:05d}.h5", "r+") as f:
+            f["x"][:] = np.full(16, 100.0 + i, dtype=np.float32)
+
+
 def _edit_sample_files(root: Path) -> None:
     for i in EDITED:
         edit_file(root / f"{i:05d}.npy", 100.0 + i)
@@ -232,6 +261,7 @@ PATTERNS = {
     "hdf5 opened natively": (Hdf5Native, _edit_stacked_in_place),
     "hdf5 opened natively in each read": (Hdf5PerRead, _edit_stacked_in_place),
     "memory-mapped array": (Memmapped, _edit_stacked_in_place),
+    "hdf5 per index under a root, opened natively": (Hdf5PerIndex, _edit_per_index_h5_in_place),
 }
 MODES = [("build", 0), ("build", 2), ("fill", 2)]
 
@@ -243,6 +273,7 @@ def _data(tmp_path: Path) -> Path:
     (root / "meta").mkdir()
     _labels(root)
     _stacked(root)
+    _per_index_h5(root)
     return root
 
 
@@ -345,6 +376,22 @@ def test_files_of_autotune_s_own_folders_elsewhere_are_no_source_but_a_users_ope
     assert str(other / "spool-1.bin") not in paths
     assert str(tmp_path / "user.idx") in paths
     assert sorted(set(paths) - {str(tmp_path / "user.idx")}) == sorted(str(data / f"{i:05d}.npy") for i in range(N))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting another user's marker needs root (chown)")
+def test_a_marker_another_user_planted_in_a_data_folder_blinds_no_record(tmp_path):
+    """autotune's own folders are not sources; a folder holding a marker that another user wrote is not
+    autotune's, so its files stay in the record and an edit of them is seen."""
+    from autotune.caches._own import MARKER, mark
+
+    data, root = _data(tmp_path), tmp_path / "caches"
+    mark(data, "staging")
+    os.chown(data / MARKER, 65534, 65534)
+    os.chown(data, 65534, 65534)
+    cache = open_or_build("pickle", Computed(data), root=root, manifest=caches.dataset_key(Computed(data)),
+                          progress=False)
+    paths, _ = read(cache.path, cache.manifest["sources"])
+    assert set(paths) >= {str(data / f"{i:05d}.npy") for i in range(N)}
 
 
 def test_a_symbolic_link_retargeted_reads_as_another_file(tmp_path):

@@ -277,6 +277,8 @@ class DiskFill(Dataset[Any]):
         # keeping samples through the process's view meanwhile.
         local = _Local(self.staging, len(self.indices), writer=-os.getpid())
         sources = sources_for(self.expected, self.path.parent)
+        if self._sources is not None and self._sources_pid == os.getpid():
+            sources.trees.update(self._sources.trees)  # the folders the dataset names, stated before its reads
         probes = {int(i): d for i, d in (self.expected.get("probes") or {}).items()}
         try:
             records: list[tuple[Path, int, int, int]] = []

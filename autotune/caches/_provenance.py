@@ -13,9 +13,10 @@ file" is the union of
   ``__init__``, a numpy memmap, an Arrow table). Files open before the build are stated before it
   starts; one opened natively inside a read is stated right after it, which leaves a window of one
   read in which an edit goes unseen;
-- each regular file a string or path attribute of the dataset (or of a dataset it wraps) names, stated
-  before the first read: what native code opens and closes inside every read reads (``with
-  h5py.File(self.path)``), which neither of the above sees;
+- each regular file a string or path attribute of the dataset (or of a dataset it wraps) names, and
+  every file under a folder one names, stated before the first read: what native code opens and
+  closes inside every read reads (``with h5py.File(self.path)``, ``h5py.File(f"{self.root}/{i}.h5")``),
+  which neither of the above sees;
 - every file under ``data_dir`` when the caller names one (files read by native code that opens and
   closes them within one call under a folder, ``cv2.imread(f"{root}/{name}")``, are seen no other way).
 
@@ -28,6 +29,7 @@ the manifest holds, so neither can be changed without the other. Opening checks 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import stat as _stat
 import struct
@@ -41,14 +43,17 @@ from typing import Any
 import numpy as np
 
 from autotune.caches._key import _datasets
-from autotune.caches._own import is_marked
+from autotune.caches._own import is_own
 from autotune.machine import _evict
+
+log = logging.getLogger("autotune")
 
 FILE_NAME = "sources.bin"
 _MAGIC = b"autotune-sources\x001\n"
 _HEADER = struct.Struct("<QQ")  # entries, compressed bytes of the paths
 _PARALLEL = 4096  # entries from which the open's stats run on threads
 _THREADS = 8
+TREE_FILES = 200_000  # entries of a folder the dataset names walked into its record (``Sources.add_named``)
 _SYSTEM = ("/proc/", "/sys/", "/dev/", "/usr/lib/", "/usr/share/", "/lib/", "/lib64/", "/etc/", "/run/")
 
 Stat = tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode
@@ -76,6 +81,7 @@ class Sources:
         self._exclude = tuple(os.path.realpath(os.fspath(p)).rstrip(os.sep) + os.sep for p in exclude)
         self._fds: dict[int, str] = {}
         self._scans = 0
+        self.trees: dict[str, dict[str, Stat]] = {}  # a folder the dataset names -> its files, stated before the reads
 
     def __len__(self) -> int:
         return len(self.seen)
@@ -92,7 +98,11 @@ class Sources:
 
     def add_named(self, dataset: Any) -> None:
         """Add the regular files the dataset's string or path attributes name (and those of the datasets it
-        wraps): a native reader that opens and closes its file inside each read leaves no other trace."""
+        wraps), and state every file under a folder one names (up to ``TREE_FILES``), all before the first
+        read. A folder's files are sources only where the reads opened none of its files that the record saw
+        (``kept``): then its reads were invisible, a native reader opening and closing a name it joins to the
+        folder inside each read (``h5py.File(f"{self.root}/{i}.h5")``, ``cv2.imread``), so the whole folder
+        stands for them; a folder of more files is left to ``data_dir=``."""
         for d in _datasets(dataset):
             try:
                 values = list(vars(d).values())
@@ -105,8 +115,29 @@ class Sources:
                     path = os.fspath(value)
                 except TypeError:
                     continue
-                if isinstance(path, str) and path and stat_of(path) is not None:
+                if not isinstance(path, str) or not path:
+                    continue
+                if stat_of(path) is not None:
                     self.add(os.path.abspath(path))
+                elif os.path.isdir(path):
+                    self._add_tree(os.path.abspath(path))
+
+    def _add_tree(self, folder: str) -> None:
+        """Every regular file below ``folder`` (not autotune's own folders), stated now into ``trees``; nothing
+        when it holds more than ``TREE_FILES`` entries (a home folder named by the dataset is not walked)."""
+        found: list[str] = []
+        for top, dirs, files in os.walk(folder):
+            dirs[:] = [d for d in dirs if not is_own(os.path.join(top, d))]
+            if len(found) + len(files) + len(dirs) > TREE_FILES:
+                log.info("autotune: %s holds more than %d files; a cache is not checked against all of them "
+                         "unless data_dir= names it", folder, TREE_FILES)
+                return
+            found.extend(os.path.join(top, f) for f in files)
+        tree = self.trees[folder] = {}
+        for path in sorted(found):
+            st = stat_of(path)
+            if st is not None:
+                tree[path] = st
 
     def update(self, entries: dict[str, Stat | None]) -> None:
         for path, st in entries.items():
@@ -163,20 +194,25 @@ class Sources:
 
     def kept(self) -> dict[str, Stat]:
         """The sources that are data files (not code, libraries, system files or autotune's caches: the
-        folder excluded, and any folder autotune marked as its own, wherever it is, such as another
-        cache, or another loader's fill, that this process holds open under another ``cache_dir``)."""
+        folder excluded, and any folder this user's autotune marked as its own, wherever it is, such as
+        another cache, or another loader's fill, that this process holds open under another ``cache_dir``;
+        a marker in a folder another user made or owns excludes nothing)."""
         modules = _evict.module_files()
         found: dict[str, Stat] = {}
         marked: dict[str, bool] = {}
-        for path, st in self.seen.items():
-            if st is None:
-                continue
-            real = _evict.data_file(path, modules)
+        read = {path: (st, _evict.data_file(path, modules)) for path, st in self.seen.items() if st is not None}
+        for folder, tree in self.trees.items():
+            inside = os.path.realpath(folder) + os.sep
+            if not any(real is not None and real.startswith(inside) for _, real in read.values()):
+                for path, st in tree.items():  # no read of it was visible: the folder stands for what they read
+                    if path not in read:
+                        read[path] = st, _evict.data_file(path, modules)
+        for path, (st, real) in read.items():
             if real is None or (self._exclude and (real + os.sep).startswith(self._exclude)):
                 continue
             folder = os.path.dirname(real)
-            if folder not in marked:
-                marked[folder] = is_marked(folder)
+            if folder not in marked:  # made by this user's autotune: a marker another user planted blinds nothing
+                marked[folder] = is_own(folder)
             if marked[folder]:
                 continue
             found[path] = st

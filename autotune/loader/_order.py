@@ -141,6 +141,13 @@ class _EpochBatches:
         self.in_flight.clear()
         self.again.clear()
         self.delivered = self.yielded
+        if self.yielded >= len(self.owner) and self.owner.generator is not None:
+            # saved once the epoch was whole: its draws are made again, as the saved run made them, and this
+            # is the next epoch, whole (not an empty rest of the last)
+            self._begin()
+            for _ in self.batches:
+                pass
+            self.start, self.yielded, self.skip, self.batches, self.delivered = None, 0, 0, None, 0
 
 
 class _Current:
@@ -184,6 +191,7 @@ class EpochStream:
         return len(self.owner)
 
     def __iter__(self) -> _Current:
+        self.rewind()  # a loader starting over (a persistent pool's reset) dropped what it had in flight
         return _Current(self)
 
     def begin(self) -> None:
@@ -232,6 +240,8 @@ def own_batches(dataset: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
 
     if isinstance(dataset, IterableDataset):
         return kwargs
+    if kwargs.get("sampler") is not None and kwargs.get("shuffle"):
+        raise ValueError("sampler option is mutually exclusive with shuffle")  # what a plain DataLoader says
     out = dict(kwargs)
     generator = out.pop("generator", None)
     out["batch_sampler"] = OwnedBatches(dataset, batch_size=out.pop("batch_size", 1),

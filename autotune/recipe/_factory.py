@@ -19,7 +19,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader
 
-from autotune.caches import cache_path, dataset_key, default_root, expected_manifest
+from autotune.caches import cache_path, collate_gathered, dataset_key, default_root, expected_manifest
 from autotune.config import LOADER_KEYS as TUNED_KEYS
 from autotune.config import WORKER_LOADER_KEYS as WORKER_ONLY
 from autotune.config import ConfigError, LoaderConfig
@@ -223,7 +223,7 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
         res.settings["cache_share"], res.sources["cache_share"] = None, res.sources["cache"]
     res.settings["cache_fill"] = config.cache_fill if config.cache else None
     res.sources["cache_fill"] = res.sources["cache"]
-    if prepared.collate_fn is not None:
+    if prepared.collate_fn is not None and not (prepared.collate_fn is collate_gathered and _unbatched(overrides)):
         overrides["collate_fn"] = prepared.collate_fn
     data = prepared.dataset
     caller: dict[str, Any] = {k: overrides[k] for k in ("batch_size", "drop_last", "sampler", "generator")
@@ -250,6 +250,12 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
             _said.add(line)
             warnings.warn(f"autotune could not apply: {line}", stacklevel=_caller_stacklevel())
     return loader
+
+
+def _unbatched(overrides: dict[str, Any]) -> bool:
+    """Whether the loader hands each sample alone to its collate function (``batch_size=None``): a plain one
+    converts it (``default_convert``), where the gather path's collate would take the sample for a batch."""
+    return "batch_size" in overrides and overrides["batch_size"] is None and overrides.get("batch_sampler") is None
 
 
 def adaptive_loader(make: Callable[[LoaderConfig], DataLoader[Any]], config: LoaderConfig, res: Resolution,
