@@ -16,48 +16,40 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, TypeVar
 
-from autotune.errors import AutotuneError
+from autotune._family import Family
 
 if TYPE_CHECKING:
     from autotune.caches._base import Cache
 
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")  # no "-" or ".": a backend's name starts its folders' names
-_REGISTERED: dict[str, type[Cache]] = {}
+# no "-" or ".": a backend's name starts its folders' names
+_FAMILY: Family[type[Cache]] = Family("cache backend", "backends", r"^[a-z][a-z0-9_]*$")
 C = TypeVar("C", bound="type[Cache]")
 
 
 def register(cls: C) -> C:
     """Add ``cls`` to the family under ``cls.name`` (usable as a class decorator); refuses a name taken
     by another class, or one that cannot begin a folder name."""
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(f"A cache backend's name must match {_NAME.pattern}, but {cls.__name__} has {name!r}.")
-    if _REGISTERED.get(name, cls) is not cls:
-        raise ValueError(f"The cache backend name {name!r} is taken by {_REGISTERED[name].__name__}.")
-    _REGISTERED[name] = cls
+    _FAMILY.add(cls)
     return cls
 
 
 def unregister(name: str) -> None:
     """Remove the backend ``name`` (a plugin's tests undo their ``register``)."""
-    _REGISTERED.pop(name, None)
+    _FAMILY.remove(name)
 
 
 def backend(name: str) -> type[Cache]:
     """The registered class of the backend ``name``; AutotuneError naming the valid ones."""
-    try:
-        return _REGISTERED[name]
-    except (KeyError, TypeError):
-        raise AutotuneError(f"Unknown cache backend {name!r}. Valid backends: {', '.join(names())}.") from None
+    return _FAMILY.get(name)
 
 
 def _listed() -> list[type[Cache]]:
-    return sorted(_REGISTERED.values(), key=lambda cls: cls.order)  # stable: then as registered
+    return _FAMILY.listed()
 
 
 def names() -> tuple[str, ...]:
     """Every registered backend's name, by ``order`` (memory, pickle, hdf5, lmdb, then the others)."""
-    return tuple(cls.name for cls in _listed())
+    return _FAMILY.names()
 
 
 def disk_names() -> tuple[str, ...]:

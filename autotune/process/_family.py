@@ -27,6 +27,7 @@ import os
 import re
 from typing import ClassVar, TypeVar
 
+from autotune._family import Family
 from autotune.errors import AutotuneError
 from autotune.process import _allocator as _alloc
 
@@ -150,7 +151,7 @@ class Jemalloc(Preloaded):
     package = "libjemalloc2"
 
 
-_REGISTERED: dict[str, type[Allocator]] = {}
+_FAMILY: Family[type[Allocator]] = Family("allocator", "allocators", _NAME.pattern)
 A = TypeVar("A", bound="type[Allocator]")
 
 
@@ -158,40 +159,32 @@ def register(cls: A) -> A:
     """Add ``cls`` to the family under ``cls.name`` (usable as a class decorator); refuses a name taken by
     another class or that a recipe could not store plainly, a preload without a library to look for, and a
     ``stand_in`` that is not registered."""
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(f"An allocator's name must match {_NAME.pattern}, but {cls.__name__} has {name!r}.")
-    if _REGISTERED.get(name, cls) is not cls:
-        raise ValueError(f"The allocator name {name!r} is taken by {_REGISTERED[name].__name__}.")
     if issubclass(cls, Preloaded) and not cls.libraries:
         raise ValueError(f"The preloaded allocator {cls.__name__} names no library file (libraries).")
-    if cls.stand_in != name and cls.stand_in not in _REGISTERED:
+    if cls.stand_in != getattr(cls, "name", None) and cls.stand_in not in _FAMILY.registered:
         raise ValueError(f"{cls.__name__}'s stand_in {cls.stand_in!r} is not a registered allocator.")
-    _REGISTERED[name] = cls
+    _FAMILY.add(cls)
     return cls
 
 
 def unregister(name: str) -> None:
     """Remove the allocator ``name`` (a plugin's tests undo their ``register``); the plain one stays."""
     if name != DEFAULT:
-        _REGISTERED.pop(name, None)
+        _FAMILY.remove(name)
 
 
 def get(name: str) -> type[Allocator]:
     """The registered class of the allocator ``name``; AutotuneError naming the valid ones."""
-    try:
-        return _REGISTERED[name]
-    except (KeyError, TypeError):
-        raise AutotuneError(f"Unknown allocator {name!r}. Valid allocators: {', '.join(names())}.") from None
+    return _FAMILY.get(name)
 
 
 def _listed() -> list[type[Allocator]]:
-    return sorted(_REGISTERED.values(), key=lambda cls: cls.order)  # stable: then as registered
+    return _FAMILY.listed()
 
 
 def names() -> tuple[str, ...]:
     """Every registered allocator's name, by ``order`` (glibc, glibc-tuned, tcmalloc, jemalloc, then others)."""
-    return tuple(cls.name for cls in _listed())
+    return _FAMILY.names()
 
 
 def searched_names() -> tuple[str, ...]:
@@ -212,7 +205,7 @@ def resolve(name: str) -> tuple[type[Allocator], str | None]:
     if reason is None:
         return cls, None
     chosen = cls
-    for _ in _REGISTERED:  # a chain of stand-ins visits each class once at most
+    for _ in _FAMILY.registered:  # a chain of stand-ins visits each class once at most
         chosen = get(chosen.stand_in)
         if chosen.name == DEFAULT or chosen.unavailable() is None:
             break
