@@ -191,16 +191,13 @@ def record_files(fn: Callable[[], Any]) -> tuple[Any, set[str]]:
     """Run ``fn()`` and return its result and the regular files it opened for reading, resolved.
 
     Only opens made through Python (``open``, ``io.open``, ``os.open``, and libraries built on them,
-    such as Pillow and numpy) in this thread or context are seen.  Directories, /proc, /sys, /dev,
+    such as Pillow and numpy) in this thread or context, or in a thread of this process that records
+    nothing itself (``recording``), are seen.  Directories, /proc, /sys, /dev,
     the standard library, installed packages and imported module files are left out.
     """
-    _install_hook()
     seen: set[str] = set()
-    token = _recording.set((_recording.get() or ()) + (seen,))
-    try:
+    with recording(seen):  # the threads ``fn`` starts too: a read on a pool's thread is no less a read
         result = fn()
-    finally:
-        _recording.reset(token)
     if not seen:
         return result, set()
     modules = _module_files()
