@@ -47,15 +47,40 @@ def test_a_hang_outside_the_main_thread_is_never_a_ctrl_c_in_the_main_thread():
     assert "dataset[5] had not returned after" in done.stderr and "KeyboardInterrupt" not in done.stderr
 
 
-def test_a_programs_own_sigint_handler_is_never_fired_by_autotune():
+def test_a_programs_own_sigint_handler_is_never_fired_by_autotune_and_still_gets_a_real_ctrl_c():
+    """autotune's interruption of a hung read is taken by its own handler in front of the program's, so the
+    program's (a training script's checkpointing one) never runs for it; a real Ctrl-C meanwhile goes on to
+    the program's handler; the program's is back in place after the block."""
     import signal
 
     fired = []
-    before = signal.signal(signal.SIGINT, lambda *_: fired.append(True))
+
+    def programs(signum, frame):
+        fired.append(signum)
+
+    before = signal.signal(signal.SIGINT, programs)
     try:
-        with guarded(time.monotonic() + 60, 0.3):
-            with reading("dataset[4]"):
-                time.sleep(1.5)
+        with pytest.raises(DatasetError, match=r"^dataset\[4\] had not returned after"):
+            with guarded(time.monotonic() + 60, 0.3):
+                with reading("dataset[4]"):
+                    time.sleep(30)
+        assert fired == [], "the program's Ctrl-C handler ran though nobody pressed Ctrl-C"
+        with guarded(time.monotonic() + 60, 30):
+            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, no read hung
+            time.sleep(0.2)
+        assert fired == [signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) is programs
     finally:
         signal.signal(signal.SIGINT, before)
-    assert fired == [], "the program's Ctrl-C handler ran though nobody pressed Ctrl-C"
+
+
+def test_a_hang_inside_a_search_that_handles_sigint_itself_is_interrupted():
+    """Inside autotune.search() SIGINT is the search's own handler (``stop_on_signals``): a hung read there
+    must still end in one DatasetError, not a search waiting on the read forever."""
+    from autotune.tuner._lifecycle import stop_on_signals
+
+    with stop_on_signals():
+        with pytest.raises(DatasetError, match=r"^dataset\[2\] had not returned after"):
+            with guarded(time.monotonic() + 60, 0.3):
+                with reading("dataset[2]"):
+                    time.sleep(30)

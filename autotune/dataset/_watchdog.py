@@ -5,8 +5,12 @@ endless loop holds the interpreter), so a thread watches it instead: when a read
 the deadline passes while one runs, the thread prints one line naming what was being read and ends the
 process with exit 2 when it is the ``autotune`` command's (``own_the_process``); in a user's process
 (``autotune.search()``) it interrupts the main thread instead, which raises one DatasetError, where that
-reaches the read: the block runs in the main thread and SIGINT is Python's own (else it warns and waits).
-Every read inside ``guarded`` is watched; ``reading`` names the one under way.
+reaches the read: the block runs in the main thread (else it warns and waits). The interruption is a real
+SIGINT (it wakes a sleep or a wait, EINTR), taken by a handler ``guarded`` puts in front of the
+program's for the block's length: autotune's own interruption ends the read, a real Ctrl-C goes on to
+the program's handler (a training script's checkpointing one, Python's KeyboardInterrupt, or none where
+it ignores SIGINT), which is back in place when the block ends. Every read inside ``guarded`` is watched;
+``reading`` names the one under way.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from autotune.errors import DatasetError
 
@@ -63,8 +68,8 @@ def _watch(stop: threading.Event, interruptible: bool) -> None:
         problem = _overdue(time.monotonic())
         if problem is not None:
             if not _process_is_ours[0] and not interruptible:
-                # A SIGINT would not reach the read: it runs outside the main thread (which would get a Ctrl-C
-                # of nobody's making), or the program handles or ignores SIGINT itself. Said, never forced.
+                # A SIGINT would not reach the read: it runs outside the main thread, which would get a Ctrl-C
+                # of nobody's making. Said, never forced.
                 log.warning("autotune: %s; it cannot be interrupted here, so it is waited for", problem)
                 return
             if not _process_is_ours[0]:
@@ -93,8 +98,8 @@ def guarded(deadline: float, per_read: float, fix: str = "fix that read, or pass
         # deadline too, not under the limit of one read
         _reads.append((what, time.monotonic(), False))
     stop = threading.Event()
-    interruptible = (threading.current_thread() is threading.main_thread()
-                     and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    interruptible = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _before(signal.getsignal(signal.SIGINT))) if interruptible else None
     thread = threading.Thread(target=_watch, args=(stop, interruptible), name="autotune-watchdog", daemon=True)
     thread.start()
     try:
@@ -106,9 +111,28 @@ def guarded(deadline: float, per_read: float, fix: str = "fix that read, or pass
     finally:
         stop.set()
         thread.join()
+        if interruptible:
+            signal.signal(signal.SIGINT, previous)
         with _lock:
             _armed.pop()
             _reads.pop()
+
+
+def _before(program: Any) -> Callable[[int, Any], None]:
+    """A SIGINT handler in front of ``program``'s: autotune's own interruption of a hung read raises
+    KeyboardInterrupt (``guarded`` makes it a DatasetError); any other SIGINT is the program's."""
+
+    def handler(signum: int, frame: Any) -> None:
+        if _hung:
+            raise KeyboardInterrupt
+        if callable(program):
+            program(signum, frame)
+        elif program == signal.SIG_DFL:  # what an unhandled SIGINT does: the process ends by it
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        # SIG_IGN (or None, a handler not set from Python): ignored, as it would be
+
+    return handler
 
 
 def own_the_process() -> None:
