@@ -135,3 +135,28 @@ def test_every_folder_autotune_makes_to_delete_later_is_marked(tmp_path):
     mark(tmp_path, "test")  # the marker refuses to be written twice (O_EXCL): no one else's file is reused
     with pytest.raises(FileExistsError):
         mark(tmp_path, "test")
+
+
+def test_a_trial_folder_whose_search_is_a_zombie_is_a_leftover(tmp_path):
+    """A killed search not yet reaped by its parent is a zombie: its pid still answers kill(0), but it runs
+    nothing, so its trial folder is a leftover `cache clear` may remove (it was called "trial running")."""
+    import time
+
+    from autotune.caches._trials import is_leftover
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                if fh.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    break
+            time.sleep(0.01)
+        folder = Path(trial_folder(tmp_path))
+        named = folder.with_name(folder.name.replace(f"-{os.getpid()}-", f"-{pid}-"))
+        assert f"-{pid}-" in named.name and is_leftover(named)
+        assert not is_leftover(folder)  # this process runs
+    finally:
+        os.waitpid(pid, 0)

@@ -37,13 +37,19 @@ def trial_folder(root: str | os.PathLike[str]) -> str:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: a zombie (killed, not yet reaped by its parent) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no /proc to ask: it exists
+    return state not in (b"Z", b"X")
 
 
 def is_leftover(path: Path) -> bool:
