@@ -163,6 +163,7 @@ class Hdf5PerIndex(Dataset):
 
     def __init__(self, root):
         self.root = str(Path(root) / "h5")
+        self.index = str(Path(root) / "h5" / "00000.h5")  # a file named inside the folder is no visible read
 
     def __len__(self):
         return N

@@ -279,6 +279,7 @@ class DiskFill(Dataset[Any]):
         sources = sources_for(self.expected, self.path.parent)
         if self._sources is not None and self._sources_pid == os.getpid():
             sources.trees.update(self._sources.trees)  # the folders the dataset names, stated before its reads
+            sources.named.update(self._sources.named)
         probes = {int(i): d for i, d in (self.expected.get("probes") or {}).items()}
         try:
             records: list[tuple[Path, int, int, int]] = []

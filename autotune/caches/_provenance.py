@@ -82,6 +82,7 @@ class Sources:
         self._fds: dict[int, str] = {}
         self._scans = 0
         self.trees: dict[str, dict[str, Stat]] = {}  # a folder the dataset names -> its files, stated before the reads
+        self.named: set[str] = set()  # files the dataset's attributes name: in the record, but no sign of a read
 
     def __len__(self) -> int:
         return len(self.seen)
@@ -118,6 +119,7 @@ class Sources:
                 if not isinstance(path, str) or not path:
                     continue
                 if stat_of(path) is not None:
+                    self.named.add(os.path.abspath(path))
                     self.add(os.path.abspath(path))
                 elif os.path.isdir(path):
                     self._add_tree(os.path.abspath(path))
@@ -203,7 +205,8 @@ class Sources:
         read = {path: (st, _evict.data_file(path, modules)) for path, st in self.seen.items() if st is not None}
         for folder, tree in self.trees.items():
             inside = os.path.realpath(folder) + os.sep
-            if not any(real is not None and real.startswith(inside) for _, real in read.values()):
+            if not any(real is not None and real.startswith(inside) for path, (_, real) in read.items()
+                       if path not in self.named):
                 for path, st in tree.items():  # no read of it was visible: the folder stands for what they read
                     if path not in read:
                         read[path] = st, _evict.data_file(path, modules)
