@@ -1,22 +1,22 @@
 """adapt=True against the fixed recipe and the best point of a small grid, under the real step.
 
-The workload: a CPU-decoded dataset with a random augmentation per sample (each sample ~0.8 ms of numpy
-work in the loader, then a flip and noise drawn from torch's generator) and a CPU-heavy training step
+The workload: a CPU-decoded dataset with a random augmentation per sample (each sample ~0.6-0.8 ms of numpy
+work in the loader, estimated, then a flip and noise drawn from torch's generator) and a CPU-heavy training step
 (torch matmuls on the main process's threads, competing with the workers for the cores). The augmentation
 makes the samples uncachable (autotune refuses to cache a sample that draws randomness): a memory cache of
 deterministic samples would make every worker count alike after the first epoch, and no worker count or
 thread split could then be a mismatch. Four scenarios:
 
-1. ``mismatch``: the recipe was searched with a cheap step (a real ``autotune.search`` with a one-matmul
-   step; ``--quick``: the usual advice stands for it); the training runs the heavy step. Under the cheap
-   step decoding is the bottleneck (~13 ms a batch against ~1), so the search gives it both cores (2
-   workers), and the main's two OpenMP threads only get in the busy workers' way (each parallel region
-   waits for a thread the workers displaced), so the search keeps one main thread where that gain is beyond
-   its noise. Under the heavy step (~40 ms a batch on one thread, ~22 on two) the step is the bottleneck
-   and wants both threads: one main thread beside 2 workers takes about 1.4x the best split's time, and
-   adapt has to find the split (or fewer workers). Whether the recipe is beaten is the grid's to say on a
-   quiet machine (``recipe_is_best`` in the JSON, "the recipe" in the table's grid best column): the search
-   keeps torch's threads on a tie, and a recipe with them may already be the heavy step's best.
+1. ``mismatch``: the recipe was searched with a cheap step (a real ``autotune.search`` whose step is 16
+   small ops, 1-2 ms; ``--quick``: the usual advice stands for it); the training runs the heavy step. The
+   mismatch is the thread split. Under the cheap step decoding is the bottleneck (10-13 ms of CPU a
+   batch, estimated), so the search gives it both cores (2 workers), and two main threads only get in the busy
+   workers' way (each of the step's parallel ops waits for a core the workers hold), so it takes one main
+   thread. The heavy step is the bottleneck instead, and its large matmuls scale with threads (~40 ms a
+   batch on one, ~22 on two, estimated): beside the workers one main thread costs it ~1.4x the best
+   split's time, and adapt has to find the split (or fewer workers). On a quiet machine the grid says
+   whether it holds: ``recipe_is_best`` in the JSON, "the recipe" in the table's grid best column, where
+   the search kept torch's threads (its rule on a tie) and its recipe is already the heavy step's best.
 2. ``competitor``: a busy process per half of the usable CPUs starts at the middle epoch.
 3. ``phase``: the step is three times heavier from epoch 5 (``--quick``: from the middle epoch).
 4. ``no_regret``: the recipe is the grid's best for the real step (under ``mismatch``'s conditions, so it
@@ -32,7 +32,7 @@ through the recipe's point (workers 0 and all, the other split at the recipe's w
 Every run takes the recipe's profile with the configuration replaced and applies the configuration's process
 settings (main threads, allocator) as the factory does for a recipe with a measured gain, so each point runs
 as it reads and the adapting run starts where the fixed recipe runs (without a gain, ``--quick``, the factory
-would leave torch's threads).
+would leave torch's threads). Every timing figure here, the estimates above included, needs a quiet machine.
 
 Rows per scenario: the fixed recipe, ``adapt=True`` starting from it, and the grid's best (each grid point
 measured once, in a fresh process, under the scenario; the best then re-measured). Every run is a fresh

@@ -40,5 +40,10 @@ def step(batch: Any, rounds: int) -> float:
 
 
 def cheap_step(batch: Any) -> float:
-    """The proxy a recipe is searched with: one matmul."""
-    return step(batch, 1)
+    """The proxy a recipe is searched with, a small model's worth of small ops (1-2 ms on one thread): each
+    op on the batch's 65,536 values is split between torch's threads, so with two main threads every op
+    waits for a second core that the decoding workers hold; one main thread does not wait."""
+    x = batch[0]
+    for _ in range(8):
+        x = torch.tanh(x * 0.5)
+    return float(x.sum())
