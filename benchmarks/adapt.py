@@ -204,7 +204,8 @@ def scenario_result(run: Any, scenario: str, recipe: LoaderConfig, evaluated: li
     """The fixed recipe, adapt=True from it and the best of the grid ``evaluated`` (under ``scenario``'s
     conditions), interleaved; ``run(config, adapt)`` is one fresh-process run. Where the recipe is the grid's
     best (``no_regret`` by construction), its runs are the grid best's row too."""
-    best = min((e for e in evaluated if e["total_s"] is not None), key=lambda e: e["total_s"])
+    # evaluated[0] is the recipe's point: where every point failed, the rows still run (and say so)
+    best = min((e for e in evaluated if e["total_s"] is not None), key=lambda e: e["total_s"], default=evaluated[0])
     best_config = LoaderConfig.from_json(best["config"])
     fixed = best_config if scenario == "no_regret" else recipe
     rows = {"fixed recipe": partial(run, fixed, False), "adapt=True": partial(run, fixed, True)}

@@ -204,6 +204,31 @@ def test_adapt(results):
     assert no_regret["fixed"] == no_regret["grid"]["best"]["config"] and no_regret["recipe_is_best"]
 
 
+def test_adapt_grid_is_what_adapt_can_reach_from_the_recipe():
+    from autotune.config import LoaderConfig, usual_advice
+
+    grid = _script("adapt").grid
+
+    def points(recipe, cpus, quick=False):
+        out = grid(recipe, cpus, quick)
+        held = {(c.cache, c.allocator, c.cache_fill) for c in out}
+        assert out[0] == recipe and len(set(out)) == len(out) and held == {(recipe.cache, recipe.allocator,
+                                                                              recipe.cache_fill)}
+        return [(c.num_workers, c.main_threads, c.prefetch_factor) for c in out]
+
+    # the last measurement's recipe: no workers, a memory cache, glibc-tuned; the grid keeps both
+    searched = LoaderConfig(cache="memory", allocator="glibc-tuned")
+    assert points(searched, 2) == [(0, None, None), (1, None, 2), (2, None, 2), (0, 1, None), (1, 1, 2), (2, 1, 2)]
+    assert all(c.persistent_workers for c in grid(searched, 2, False) if c.num_workers)  # as adapt's move adds them
+    one = usual_advice(2, main_threads=1)  # the other split of a recipe with one main thread: torch's own
+    assert points(one, 2) == [(2, 1, 2), (0, 1, None), (1, 1, 2), (0, None, None), (1, None, 2), (2, None, 2)]
+    assert points(one, 2, quick=True) == [(2, 1, 2), (0, 1, None), (2, None, 2)]
+    assert points(usual_advice(1), 1) == [(1, None, 2), (0, None, None)]  # one CPU: no split to move
+    three = usual_advice(8).refit(num_workers=3, prefetch_factor=4)  # its own count joins 0, 1, half, all
+    assert [n for n, m, _ in points(three, 8) if m is None] == [3, 0, 1, 4, 8, 8]
+    assert points(three, 8)[-1] == (8, None, 8)  # beyond 2 CPUs: the most workers with prefetch doubled
+
+
 def test_adapt_regret_over_interleaved_pairs():
     regret = _script("adapt").regret
     # repeat i of each row ran side by side: the ratios pair them; a failed run (None) drops its pair
