@@ -4,19 +4,23 @@ invalid cache that a loader still reads goes beside it (caches/_lease.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
+import multiprocessing
 import os
 import pickle
 import subprocess
 import sys
-import textwrap
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from autotune import caches
+import autotune
+from autotune import caches, cli
 from autotune.caches import CacheRebuildWarning
 from autotune.caches._codec import samples_equal
 from autotune.caches._lease import Lease, in_use
@@ -50,39 +54,67 @@ def _recipe(tmp_path: Path, backend: str, fill: str, workers: int) -> Path:
     return path
 
 
-_READER = """
+_FIRST_RUN = """
 import sys
 sys.path.insert(0, {tests!r})
 import autotune
-from autotune.caches._codec import samples_equal
-from test_lease import Rows
-loader = autotune.load({recipe!r}).dataloader(Rows(), cache_dir={root!r}, shuffle=False, progress=False)
-print(type(loader.dataset.source).__name__, flush=True)
-exact = 0
-for epoch in range({epochs}):
-    for batch in loader:
-        for x, i in zip(*batch):
-            exact += bool(samples_equal(x, Rows()[int(i)][0]))
-    if epoch == 0 and {wait}:
-        print("read one epoch", flush=True)
-        sys.stdin.readline()  # the clear runs now, in another process
-print("exact", exact, flush=True)
+from test_lease import _read
+_read(autotune.load({recipe!r}), {root!r}, epochs=1, say=print)
 """
 
 
-def _reader(tmp_path: Path, recipe: Path, *, epochs: int, wait: bool) -> subprocess.Popen:
-    code = _READER.format(tests=str(TESTS), recipe=str(recipe), root=str(tmp_path / "c"), epochs=epochs, wait=wait)
+def _read(recipe: autotune.Recipe, root: str, *, epochs: int, say, wait=None) -> None:
+    """Read ``epochs`` epochs of Rows through the recipe's loader, saying the source's type, after a
+    first epoch "read one epoch" (then ``wait()``: the clear runs meanwhile), and at the end how many
+    samples were exact."""
+    loader = recipe.dataloader(Rows(), cache_dir=root, shuffle=False, progress=False)
+    say(type(loader.dataset.source).__name__)
+    exact = 0
+    for epoch in range(epochs):
+        for batch in loader:
+            for x, i in zip(*batch):
+                exact += bool(samples_equal(x, Rows()[int(i)][0]))
+        if epoch == 0 and wait is not None:
+            say("read one epoch")
+            wait()
+    say(f"exact {exact}")
+
+
+def _first_run(tmp_path: Path, recipe: Path) -> subprocess.CompletedProcess[str]:
+    """A run of its own interpreter: a first epoch's fill is committed at its exit."""
+    code = _FIRST_RUN.format(tests=str(TESTS), recipe=str(recipe), root=str(tmp_path / "c"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])}
-    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180)
+
+
+def _reader_main(conn, recipe: str, root: str) -> None:
+    _read(autotune.load(recipe), root, epochs=3, say=conn.send, wait=conn.recv)
+
+
+def _reader(tmp_path: Path, recipe: Path) -> tuple[multiprocessing.process.BaseProcess, Connection]:
+    """A loader reading in another process, forked from this one (which opened no cache, so holds no
+    lease): its lease is what `cache clear` here must respect."""
+    ours, theirs = multiprocessing.get_context("fork").Pipe()
+    proc = multiprocessing.get_context("fork").Process(target=_reader_main, args=(theirs, str(recipe), str(tmp_path / "c")))
+    proc.start()
+    theirs.close()
+    return proc, ours
+
+
+def _heard(conn: Connection) -> str:
+    assert conn.poll(180), "the reader said nothing"
+    said = conn.recv()
+    assert isinstance(said, str)
+    return said
 
 
 def _cache_cli(action: str, root: Path) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "autotune", "cache", action, "--dir", str(root)],
-                          capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    """`autotune cache ACTION --dir ROOT`, run here: this process holds no lease, so it sees what
+    another process's command would."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["cache", action, "--dir", str(root)]) == 0
+    return out.getvalue()
 
 
 def _clear(root: Path) -> str:
@@ -101,55 +133,59 @@ def _state(listing: str, path: str) -> str:
 def test_cache_clear_leaves_a_cache_a_loader_is_reading(tmp_path, backend, workers, fill):
     recipe = _recipe(tmp_path, backend, fill, workers)
     if fill == "first_epoch":  # a first run fills the cache and commits it at exit; the reader opens it
-        first = _reader(tmp_path, recipe, epochs=1, wait=False)
-        out, err = first.communicate(timeout=180)
-        assert first.returncode == 0 and out.split() == ["DiskFill", "exact", "40"], err
-    reader = _reader(tmp_path, recipe, epochs=3, wait=True)
+        first = _first_run(tmp_path, recipe)
+        assert first.returncode == 0 and first.stdout.split() == ["DiskFill", "exact", "40"], first.stderr
+    reader, conn = _reader(tmp_path, recipe)
     try:
-        assert reader.stdout.readline().strip() == caches.get_backend(backend).__name__
-        assert reader.stdout.readline().strip() == "read one epoch"
+        assert _heard(conn) == caches.get_backend(backend).__name__
+        assert _heard(conn) == "read one epoch"
         [cache] = [e for e in caches.list_caches(tmp_path / "c") if e["kind"] == "cache"]
         assert cache["in_use"] and _state(_cache_cli("list", tmp_path / "c"), cache["path"]) == "valid, in use"
         said = _clear(tmp_path / "c")
         assert f"Left {cache['path']} untouched: in use by a loader reading it." in said
         assert "Removed 0 caches" in said
-        reader.stdin.write("\n")
-        reader.stdin.flush()
-        out, err = reader.communicate(timeout=180)
+        conn.send("go on")
+        out = _heard(conn)
+        reader.join(180)
     finally:
         reader.kill()
-    assert reader.returncode == 0, err
-    assert out.split() == ["exact", str(3 * 40)], "every epoch read exactly, the clear notwithstanding"
+        reader.join()
+        conn.close()
+    assert reader.exitcode == 0
+    assert out == f"exact {3 * 40}", "every epoch read exactly, the clear notwithstanding"
     assert _state(_cache_cli("list", tmp_path / "c"), cache["path"]) == "valid"  # the loader is gone
     assert "Removed 1 cache " in _clear(tmp_path / "c")  # free once the loader is gone
     assert [e for e in caches.list_caches(tmp_path / "c") if e["kind"] == "cache"] == []
 
 
+def _clone_holder(conn, root: str) -> None:
+    cache = caches.open_or_build("lmdb", Rows(), root=root, manifest={"key": "r"}, progress=False)
+    clone = pickle.loads(pickle.dumps(cache))  # what a spawned worker receives
+    del cache
+    gc.collect()
+    conn.send(str(clone.path))
+    conn.recv()
+    conn.send(float(clone[3][0].sum()))
+
+
 def test_a_pickled_cache_takes_its_own_lease_as_a_spawned_worker_does(tmp_path):
-    script = textwrap.dedent(f"""
-        import gc, pickle, sys
-        sys.path.insert(0, {str(TESTS)!r})
-        from autotune import caches
-        from test_lease import Rows
-        cache = caches.open_or_build("lmdb", Rows(), root={str(tmp_path)!r}, manifest={{"key": "r"}}, progress=False)
-        clone = pickle.loads(pickle.dumps(cache))  # what a spawned worker receives
-        del cache
-        gc.collect()
-        print(clone.path, flush=True)
-        sys.stdin.readline()
-        print(float(clone[3][0].sum()), flush=True)
-    """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    ours, theirs = multiprocessing.get_context("fork").Pipe()
+    proc = multiprocessing.get_context("fork").Process(target=_clone_holder, args=(theirs, str(tmp_path)))
+    proc.start()  # forked from this process, which holds no lease: only the clone holds one there
+    theirs.close()
     try:
-        path = Path(proc.stdout.readline().strip())
+        path = Path(_heard(conn=ours))
         assert in_use(path)
         assert caches.clear_caches(tmp_path)["in_use"] == [str(path)]
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        assert float(proc.stdout.readline()) == pytest.approx(float(Rows()[3][0].sum()))
-        assert proc.wait(timeout=60) == 0
+        ours.send("go on")
+        assert ours.poll(60)
+        assert ours.recv() == pytest.approx(float(Rows()[3][0].sum()))
+        proc.join(60)
+        assert proc.exitcode == 0
     finally:
         proc.kill()
+        proc.join()
+        ours.close()
     assert not in_use(path) and caches.clear_caches(tmp_path)["removed"] == [str(path)]
 
 
