@@ -46,15 +46,20 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run_child(script: str, *args: str, env: dict[str, str] | None = None) -> dict:
+    return run_child_lines(script, *args, env=env)[-1]
+
+
+def run_child_lines(script: str, *args: str, env: dict[str, str] | None = None, timeout: float = 110) -> list:
+    """Every JSON line the child printed, in order."""
     out = subprocess.run(
         [sys.executable, "-c", script, *args],
         env=env if env is not None else clean_env(),
         capture_output=True,
         text=True,
-        timeout=110,
+        timeout=timeout,
     )
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in out.stdout.strip().splitlines() if line.startswith(("{", "["))]
 
 
 def realloc_faults() -> list[int]:
@@ -120,11 +125,14 @@ def loader_report(allocator_name: str, context: str) -> list[dict]:
 
 
 # Run in a fresh process, so the parent's malloc state is the default and a forked worker does
-# not inherit thresholds from pytest's process.
+# not inherit thresholds from pytest's process. One parent serves every (allocator, context) pair:
+# the settings are applied in its workers only, never in itself, so every loader's workers start
+# from a parent with glibc's default thresholds.
 WORKER_SCRIPT = r"""
 import json, sys
 from test_process import loader_report
-print(json.dumps(loader_report(sys.argv[1], sys.argv[2])))
+pairs = json.loads(sys.argv[1])
+print(json.dumps([loader_report(name, context) for name, context in pairs]))
 """
 
 MAIN_SCRIPT = r"""
@@ -132,17 +140,19 @@ import json, sys
 from autotune.process._settings import ProcessSettings, apply_at_runtime
 from test_process import realloc_faults
 import torch
-settings = ProcessSettings(**json.loads(sys.argv[1]))
-applied = apply_at_runtime(settings) if sys.argv[2] == "apply" else None
-print(json.dumps({
-    "faults": realloc_faults(),
-    "threads": torch.get_num_threads(),
-    "applied": applied.applied if applied is not None else None,
-    "not_applied": applied.not_applied if applied is not None else None,
-    "maps": open("/proc/self/maps").read(),
-    "env": {k: v for k, v in __import__("os").environ.items()
-            if k in ("LD_PRELOAD", "OMP_NUM_THREADS", "MKL_NUM_THREADS") or k.startswith("MALLOC_")},
-}))
+# Each settings argument in turn, in this one process: a line each.
+for arg in sys.argv[1:-1]:
+    settings = ProcessSettings(**json.loads(arg))
+    applied = apply_at_runtime(settings) if sys.argv[-1] == "apply" else None
+    print(json.dumps({
+        "faults": realloc_faults(),
+        "threads": torch.get_num_threads(),
+        "applied": applied.applied if applied is not None else None,
+        "not_applied": applied.not_applied if applied is not None else None,
+        "maps": open("/proc/self/maps").read(),
+        "env": {k: v for k, v in __import__("os").environ.items()
+                if k in ("LD_PRELOAD", "OMP_NUM_THREADS", "MKL_NUM_THREADS") or k.startswith("MALLOC_")},
+    }))
 """
 
 
@@ -297,8 +307,10 @@ def test_needs_fresh_process(tmp_path, monkeypatch):
 @pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
 @pytest.mark.timeout(120)
 def test_apply_at_runtime_applies_mallopt_in_main_process():
-    plain = run_child(MAIN_SCRIPT, json.dumps({"allocator": "glibc"}), "apply")
-    tuned = run_child(MAIN_SCRIPT, json.dumps({"allocator": "glibc-tuned", "main_threads": 1}), "apply")
+    # One process, the default first: applying glibc changes nothing, and its 64 MB buffers are
+    # mmapped and unmapped, so glibc-tuned is then applied to a process as fresh as a new one.
+    plain, tuned = run_child_lines(MAIN_SCRIPT, json.dumps({"allocator": "glibc"}),
+                                   json.dumps({"allocator": "glibc-tuned", "main_threads": 1}), "apply")
     assert plain["applied"] == [] and plain["not_applied"] == []
     assert remapped_every_round(plain["faults"]), plain["faults"]
     assert settled(tuned["faults"]), tuned["faults"]  # the freed block is reused
@@ -326,12 +338,20 @@ def test_apply_at_runtime_reports_what_needs_a_start(tmp_path):
     assert settled(report["faults"]), report["faults"]
 
 
+@pytest.fixture(scope="module")
+def worker_reports() -> dict[tuple[str, str], list[dict]]:
+    """loader_report of each allocator in each start method, from one fresh parent."""
+    pairs = [(name, context) for context in ("fork", "spawn") for name in ("glibc", "glibc-tuned")]
+    [reports] = run_child_lines(WORKER_SCRIPT, json.dumps(pairs), timeout=220)
+    return dict(zip(pairs, reports))
+
+
 @pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)  # the first one waits for every report
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_worker_init_applies_mallopt_and_threads_in_workers(context):
-    plain = run_child(WORKER_SCRIPT, "glibc", context)
-    tuned = run_child(WORKER_SCRIPT, "glibc-tuned", context)
+def test_worker_init_applies_mallopt_and_threads_in_workers(context, worker_reports):
+    plain = worker_reports["glibc", context]
+    tuned = worker_reports["glibc-tuned", context]
     for item in plain:
         assert remapped_every_round(item["faults"]), item["faults"]
         assert item["applied"] == ["torch.set_num_threads(1) in worker 0"]
