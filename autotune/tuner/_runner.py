@@ -4,6 +4,12 @@ A trial process is forked from a forkserver that imported torch but never ran an
 it starts in ~0.2 s, starts clean (allocator state, thread pools, mallopt settings do not leak from one
 candidate to the next), and can be killed with all its DataLoader workers when it crashes, hangs,
 overruns its time, exceeds the memory budget, or is pruned.
+
+A broken trial never stops the search: every way a trial ends is a ``TrialFailed`` or ``TrialPruned``
+the search records. That holds for the kernel's OOM killer too: the trial process and the forkserver
+make themselves its first choice (``machine._oom``: the trial's DataLoader workers, and any forkserver or
+spawned process it starts, inherit the score), so an OOM in the job ends a trial, never the search, and
+a trial that died of one is recorded with one line naming the job's memory limit.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from autotune._units import format_bytes
 from autotune.caches import ensure_root, remove_trial_folder, trial_folder
 from autotune.config import LoaderConfig
 from autotune.loader import READING
-from autotune.machine import tree_pss, tree_rss
+from autotune.machine import job_memory, make_expendable, oom_kills, tree_pss, tree_rss
 from autotune.process import get_allocator, launch_env
 from autotune.tuner._lifecycle import watch_parent
 from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
@@ -47,8 +53,30 @@ def warm_forkserver() -> None:
 
         multiprocessing.get_context("forkserver").set_forkserver_preload(_PRELOAD)
         forkserver.ensure_running()
+        _expendable_forkserver()
     except Exception:  # noqa: BLE001 - no forkserver here: the runner falls back as it always did
         pass
+
+
+def forkserver_pid() -> int | None:
+    """The pid of this process's multiprocessing forkserver, None when none runs."""
+    try:
+        from multiprocessing import forkserver
+
+        server: Any = forkserver._forkserver  # private: there is no public way to ask
+        pid = server._forkserver_pid
+    except Exception:  # noqa: BLE001 - another Python's internals
+        return None
+    return int(pid) if pid else None
+
+
+def _expendable_forkserver() -> None:
+    """The trials' forkserver is the OOM killer's first choice too (``machine._oom``): it holds a whole
+    interpreter, and multiprocessing starts a new one when it is gone. Raised from outside: nothing runs in
+    it before its preload, and a new one is started whenever the old one died."""
+    pid = forkserver_pid()
+    if pid is not None:
+        make_expendable(pid)
 
 
 class TrialFailed(Exception):
@@ -133,6 +161,7 @@ def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict
         os.close(log)
     global _TRIAL_PID
     _TRIAL_PID = os.getpid()
+    make_expendable()  # before the workload is unpickled: the kernel ends this tree, not the search (machine._oom)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     signal.signal(signal.SIGUSR1, _say_reading)  # forked workers inherit it
     _release_forkserver()
@@ -244,6 +273,12 @@ def kill_tree(pid: int, grace: float = 3.0) -> None:
     psutil.wait_procs(trackers, timeout=5)
 
 
+def oom_reason(reason: str) -> str:
+    """A trial the kernel's OOM killer ended, in one line naming the job's memory limit."""
+    return (f"killed by the kernel's out-of-memory killer inside {job_memory().describe_limit()} ({reason}); "
+            "the search goes on with the other candidates")
+
+
 def _death_reason(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         name = signal.Signals(-exitcode).name
@@ -349,6 +384,7 @@ class Runner:
         ctx, env = self._context_for(config)
         ranks: list[_Rank] = []
         trial_dir = None
+        kills = oom_kills()
         try:
             if plan.cache_root:
                 # One folder for the candidate: its ranks share it, as a node's ranks share the factory's
@@ -371,10 +407,17 @@ class Runner:
                 ranks.append(_Rank(proc, receiver, rank_log))
                 with _environment(env):
                     proc.start()
+                if ctx is self.ctx and not self.fork_fallback:
+                    _expendable_forkserver()  # multiprocessing restarts a dead one: that one too
                 sender.close()
             if give_up_after is not None and env is not None:
                 give_up_after += 5.0  # a spawned interpreter's start-up is not part of the measured figure
             result = self._watch(ranks, timeout, should_prune, give_up_after)
+        except (TrialFailed, OSError, EOFError) as exc:  # a start the forkserver's death broke, too
+            if oom_kills() > kills:
+                raise TrialFailed(oom_reason(failure_reason(exc) if not isinstance(exc, TrialFailed)
+                                             else str(exc))) from None
+            raise
         finally:
             for rank in ranks:
                 rank.receiver.close()
