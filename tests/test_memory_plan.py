@@ -5,6 +5,7 @@ autotune starts for trials are the OOM killer's first choice (machine/_oom.py), 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import replace
 
 import pytest
@@ -133,6 +134,10 @@ def test_a_trial_and_its_forkserver_are_the_oom_killers_first_choice_and_the_sea
     _runner.warm_forkserver()
     server = _runner.forkserver_pid()
     assert server is not None and oom_score_adj(server) == EXPENDABLE
+    deadline = time.monotonic() + 120  # its preload imported, it waits for requests: the plan's measured figure
+    while _runner.waiting_forkserver() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _runner.waiting_forkserver() == server
     assert oom_score_adj() == before  # the search's own process (the user's, under autotune.search) untouched
     assert isinstance(oom_kills(), int)
     assert os.getpid() != server

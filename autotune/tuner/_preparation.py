@@ -39,7 +39,7 @@ from autotune.tuner._candidates import Limits, build_space, disk_free
 from autotune.tuner._measure import Plan, Workload
 from autotune.tuner._memory_plan import TrialMemory
 from autotune.tuner._options import Clock, SearchOptions
-from autotune.tuner._runner import forkserver_pid
+from autotune.tuner._runner import forkserver_pid, waiting_forkserver
 from autotune.tuner._space import Space
 
 
@@ -113,13 +113,18 @@ def pickled_size(value: object) -> int:
 def trial_memory(spec: UserSpec, batch_bytes: int, ranks: int, max_memory: int | None) -> TrialMemory:
     """The figures a trial's memory is planned from (``_memory_plan``): the budget (70% of what the job has
     left once the trials' forkserver holds its imports, or ``--max-memory``), a fresh interpreter's private
-    memory, and the dataset as a trial unpickles it. The forkserver warms beside the preparation and may still
-    be importing: what it has yet to take is this process's own private memory (an upper bound: this one holds
-    the search's libraries and the dataset too) less what it holds now, taken off what is available."""
+    memory, and the dataset as a trial unpickles it. A forkserver that has imported its preload is that
+    interpreter, measured. One still importing (it warms beside the preparation) has yet to take up to this
+    process's own private memory (an upper bound: this one holds the search's libraries and the dataset
+    too), which is taken off what is available."""
     memory = job_memory()
-    interpreter = process_uss()
-    server = forkserver_pid()
-    available = memory.available - (max(0, interpreter - process_uss(server)) if server else 0)
+    ready = waiting_forkserver()
+    if ready is not None:
+        interpreter, available = process_uss(ready), memory.available
+    else:
+        interpreter = process_uss()
+        server = forkserver_pid()
+        available = memory.available - (max(0, interpreter - process_uss(server)) if server else 0)
     return TrialMemory(budget=max_memory or int(max(0, available) * BUDGET_SHARE), interpreter=interpreter,
                        dataset=pickled_size(spec.dataset), batch_bytes=batch_bytes, ranks=ranks,
                        available=max(0, available), limit_text=memory.describe_limit())

@@ -22,8 +22,10 @@ import pickle
 import re
 import signal
 import sys
+import tempfile
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -68,6 +70,20 @@ def forkserver_pid() -> int | None:
     except Exception:  # noqa: BLE001 - another Python's internals
         return None
     return int(pid) if pid else None
+
+
+def waiting_forkserver() -> int | None:
+    """The forkserver's pid once it has imported its preload and waits for requests (asleep in its poll),
+    None while it still imports, or where none runs (``/proc/PID/wchan``; Linux)."""
+    pid = forkserver_pid()
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            waits = f.read()
+    except OSError:
+        return None
+    return pid if "poll" in waits or "select" in waits else None
 
 
 def _expendable_forkserver() -> None:
@@ -150,7 +166,7 @@ def what_hangs(pids: list[int], logs: list[str | None], wait: float = 0.5) -> st
     return f"dataset[{index}] had not returned after {seconds:.0f} s (a read that hangs?)"
 
 
-def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict[str, Any], plan: Plan,
+def _trial_main(conn: Any, workload_file: str | None, sys_path: list[str], config: dict[str, Any], plan: Plan,
                 fork_fallback: bool, log_path: str | None = None, together: bool = False) -> None:
     if log_path:
         # The trial's and its workers' prints (torch's worker errors, C++ aborts) go to its log, not
@@ -175,7 +191,11 @@ def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict
             import torch
 
             torch.set_num_threads(1)  # the parent may have used OpenMP, which is not fork-safe
-        workload = _INHERITED if blob is None else pickle.loads(blob)
+        if workload_file is None:
+            workload = _INHERITED
+        else:
+            with open(workload_file, "rb") as f:
+                workload = pickle.load(f)
         assert workload is not None, "a forked trial inherits the workload the runner set"
         conn.send(("ready",))  # the give-up clock starts here, not while the dataset is unpickled
         if together and conn.recv() != "go":
@@ -347,12 +367,16 @@ class Runner:
     """Starts trial processes for one workload (a ``TrialRunner``)."""
 
     def __init__(self, workload: Workload, sys_path: list[str] | None = None, memory_limit: int | None = None,
-                 ranks: int = 1):
+                 ranks: int = 1, spool: str | os.PathLike[str] | None = None):
+        """``spool``: the folder of the file the workload is pickled into for the trials (a temporary one by
+        default): the search holds no copy of its bytes (an in-memory dataset's size), and none crosses the
+        forkserver's pipe at each trial's start."""
         self.sys_path = list(sys_path or [])
         self.memory_limit = memory_limit  # for all ranks of a trial together
         self.ranks = max(1, int(ranks))
         try:
-            self.blob: bytes | None = pickle.dumps(workload)
+            self.workload_file: str | None = _spool(workload, spool)
+            weakref.finalize(self, _unlink, self.workload_file)
             self.ctx: Any = multiprocessing.get_context("forkserver")
             self.ctx.set_forkserver_preload(_PRELOAD)
             self.fork_fallback = False
@@ -366,7 +390,7 @@ class Runner:
             )
             global _INHERITED
             _INHERITED = workload
-            self.blob = None
+            self.workload_file = None
             self.ctx = multiprocessing.get_context("fork")
             self.fork_fallback = True
 
@@ -400,7 +424,8 @@ class Runner:
                 receiver, sender = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
                     target=_trial_main,
-                    args=(sender, self.blob, self.sys_path, config.to_json(), rank_plan, self.fork_fallback, rank_log,
+                    args=(sender, self.workload_file, self.sys_path, config.to_json(), rank_plan, self.fork_fallback,
+                          rank_log,
                           self.ranks > 1),
                     name=f"autotune-trial-{r}",
                 )
@@ -521,12 +546,31 @@ class Runner:
         settings = config.process_settings()
         if not get_allocator(settings.allocator).preloaded:
             return self.ctx, None
-        if self.blob is None:
+        if self.workload_file is None:
             raise TrialFailed(f"{settings.allocator} needs a fresh process, and the dataset cannot be pickled")
         env, notes = launch_env(settings, os.environ)
         if notes:
             raise TrialFailed("; ".join(notes))
         return multiprocessing.get_context("spawn"), env
+
+
+def _spool(workload: Workload, folder: str | os.PathLike[str] | None) -> str:
+    """``workload`` pickled straight into a new private file under ``folder``; its path."""
+    if folder is not None:
+        os.makedirs(folder, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix="autotune-workload-", suffix=".pickle", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(workload, f, protocol=pickle.HIGHEST_PROTOCOL)
+    except BaseException:
+        _unlink(path)
+        raise
+    return path
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 @contextlib.contextmanager

@@ -174,7 +174,8 @@ class Search:
         self.setup = self._setup or prepare(self.spec, self.opts, self.clock)
         setup = self.setup
         self.runner: TrialRunner = self._runner or Runner(setup.workload, self.spec.sys_path,
-                                             memory_limit=setup.limits.memory_budget, ranks=setup.ranks)
+                                                          memory_limit=setup.limits.memory_budget, ranks=setup.ranks,
+                                                          spool=self.opts.workdir)
         if setup.plan.cache_root:
             removed = remove_leftovers(setup.plan.cache_root)
             if removed:
