@@ -33,7 +33,7 @@ roomy cgroup measures that footprint (``--footprint``); a case's limit below wha
 trial need is raised to it, and raised again by what the search itself says it lacks (at most twice), each
 step in the output and the notes. For ``files`` the notes say whether the JPEGs plus the processes exceed the
 limit, so that the files cannot stay in the page cache. The 10,000 JPEGs (368 MiB) asked under 0.3 GiB, below
-any search here, ran under 864-928 MiB in smoke runs (300 JPEGs, loaded machine):
+any search here, ran under 896-928 MiB in smoke runs (300 JPEGs, loaded machine):
 
     sudo python benchmarks/memory_limit.py --case files --images 10000 --limit-gib 0.3 --repeats 1 --budget 60 \
         --rows plain autotune grid    # ~8-10 minutes on a quiet 2-CPU machine (estimated)
