@@ -19,9 +19,10 @@ Minutes are those of the 2-CPU machine the README quotes (each result's ``wall_s
 10. memory_limit.py     inside a 1.2 GiB cgroup it makes (root; skipped with the reason otherwise):
                         10,000 and 40,000 JPEGs (6 and 24 GB decoded); a 120 s search and a small grid
                         inside the limit; 6 rows x 3 interleaved repeats               (~2 h, estimated)
-12. adapt.py            960 CPU-decoded samples, 8 epochs, a CPU-heavy step; a 60 s search under a cheap
-                        step; 4 scenarios (no_regret on mismatch's grid) x (a 3-point grid + 3 rows x 3
-                        interleaved repeats): 42 fresh runs                     (11-15 min, estimated)
+12. adapt.py            640 CPU-decoded, randomly augmented (uncachable) samples, 8 epochs, a CPU-heavy
+                        step; a 60 s search under a cheap step; 4 scenarios (no_regret on mismatch's grid) x
+                        (a 6-point grid of what adapt can reach + 3 rows x 3 interleaved repeats): 51 fresh
+                        runs                                                     (13-18 min, estimated)
 
 Each script prints its Markdown table (passed through here). Timings are only worth quoting from a quiet
 machine (see docs/architecture.md, "Measuring on small machines"). ``--quick`` runs every script's smoke

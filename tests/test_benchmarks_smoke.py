@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune.machine import usable_cpus
 from autotune.process import _family as allocators
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,14 +181,77 @@ def test_adapt(results):
     assert data["search"]["note"] == "--quick: the usual advice, no search"
     for name, scenario in data["scenarios"].items():
         assert set(scenario["rows"]) == {"fixed recipe", "adapt=True", "grid best"}, name
-        assert scenario["grid"]["points"] == 2 and scenario["grid"]["best"]["total_s"] > 0
+        assert scenario["grid"]["points"] == len(data["grid"]) and scenario["grid"]["best"]["total_s"] > 0
         for row, runs in scenario["rows"].items():
             assert len(runs) == 1 and len(runs[0]["epoch_s"]) == 4, (name, row)
         assert [h["epoch"] for h in scenario["rows"]["adapt=True"][0]["history"]] == [0, 1, 2, 3]
         assert scenario["rows"]["adapt=True"][0]["history"][0]["decision"] == "warm-up"
-        assert scenario["adapt_over_best"] > 0 and scenario["adapt_over_fixed"] > 0
+        assert scenario["adapt_over_best"]["n"] == scenario["adapt_over_fixed"]["n"] == 1
+        assert scenario["adapt_over_best"]["median"] > 0 and scenario["adapt_over_fixed"]["median"] > 0
+        assert scenario["goal"]["verdict"] in {"met", "not met", "tie within noise"}
+        assert scenario["goal"]["bound"] == (1.03 if scenario["recipe_is_best"] else 1.10)
+        fixed, adapting = scenario["rows"]["fixed recipe"][0], scenario["rows"]["adapt=True"][0]
+        assert len(set(fixed["main_threads"])) == 1, name  # a fixed run's split stays
+        assert adapting["main_threads"][0] == fixed["main_threads"][0], name  # adapt starts where fixed runs
+    # --quick's recipe is the usual advice (a worker per CPU, torch's threads): the grid is the cross through
+    # it, held at its cache and allocator, the recipe's own point first
+    n = usable_cpus()
+    grid = [(c["num_workers"], c["main_threads"], c["cache"], c["allocator"]) for c in data["grid"]]
+    assert grid == [(n, None, None, "glibc"), (0, None, None, "glibc")] + ([(n, 1, None, "glibc")] if n > 1 else [])
+    mismatch = data["scenarios"]["mismatch"]
+    assert mismatch["fixed"] == data["grid"][0] == mismatch["grid"]["evaluated"][0]["config"]
     no_regret = data["scenarios"]["no_regret"]
-    assert no_regret["fixed"] == no_regret["grid"]["best"]["config"]  # the recipe is the grid's best
+    assert no_regret["fixed"] == no_regret["grid"]["best"]["config"] and no_regret["recipe_is_best"]
+
+
+def test_adapt_grid_is_what_adapt_can_reach_from_the_recipe():
+    from autotune.config import LoaderConfig, usual_advice
+
+    grid = _script("adapt").grid
+
+    def points(recipe, cpus, quick=False):
+        out = grid(recipe, cpus, quick)
+        held = {(c.cache, c.allocator, c.cache_fill) for c in out}
+        assert out[0] == recipe and len(set(out)) == len(out) and held == {(recipe.cache, recipe.allocator,
+                                                                              recipe.cache_fill)}
+        return [(c.num_workers, c.main_threads, c.prefetch_factor) for c in out]
+
+    # the last measurement's recipe: no workers, a memory cache, glibc-tuned; the grid keeps both
+    searched = LoaderConfig(cache="memory", allocator="glibc-tuned")
+    assert points(searched, 2) == [(0, None, None), (1, None, 2), (2, None, 2), (0, 1, None), (1, 1, 2), (2, 1, 2)]
+    assert all(c.persistent_workers for c in grid(searched, 2, False) if c.num_workers)  # as adapt's move adds them
+    one = usual_advice(2, main_threads=1)  # the other split of a recipe with one main thread: torch's own
+    assert points(one, 2) == [(2, 1, 2), (0, 1, None), (1, 1, 2), (0, None, None), (1, None, 2), (2, None, 2)]
+    assert points(one, 2, quick=True) == [(2, 1, 2), (0, 1, None), (2, None, 2)]
+    assert points(usual_advice(1), 1) == [(1, None, 2), (0, None, None)]  # one CPU: no split to move
+    three = usual_advice(8).refit(num_workers=3, prefetch_factor=4)  # its own count joins 0, 1, half, all
+    assert [n for n, m, _ in points(three, 8) if m is None] == [3, 0, 1, 4, 8, 8]
+    assert points(three, 8)[-1] == (8, None, 8)  # beyond 2 CPUs: the most workers with prefetch doubled
+
+
+def test_adapt_regret_over_interleaved_pairs():
+    regret = _script("adapt").regret
+    # repeat i of each row ran side by side: the ratios pair them; a failed run (None) drops its pair
+    totals = {"fixed recipe": [10.0, 12.0, None], "adapt=True": [10.5, 10.8, 9.0], "grid best": [10.0, 10.0, 10.0]}
+    out = regret(totals, recipe_is_best=False)
+    assert out["adapt_over_best"] == {"median": pytest.approx(1.05), "min": pytest.approx(0.9),
+                                      "max": pytest.approx(1.08), "n": 3, "values": pytest.approx([1.05, 1.08, 0.9])}
+    assert out["adapt_over_fixed"]["values"] == pytest.approx([1.05, 0.9]) and out["adapt_over_fixed"]["n"] == 2
+    assert out["goal"] == {"ratio": "adapt ÷ grid best", "bound": 1.10, "verdict": "met"}  # every pair ≤ 1.10
+    totals["adapt=True"] = [10.5, 11.5, 9.0]  # one pair over 1.10, two within: the run shows neither
+    assert regret(totals, recipe_is_best=False)["goal"]["verdict"] == "tie within noise"
+    totals["adapt=True"] = [11.2, 11.5, 12.0]  # every pair over
+    assert regret(totals, recipe_is_best=False)["goal"]["verdict"] == "not met"
+    # where the recipe is the grid's best the bound is 3% of the fixed run, over its own pairs
+    totals = {"fixed recipe": [10.0, 10.0, 10.0], "adapt=True": [10.2, 9.9, 10.25], "grid best": [10.0, 10.0, 10.0]}
+    assert regret(totals, recipe_is_best=True)["goal"] == {"ratio": "adapt ÷ fixed", "bound": 1.03, "verdict": "met"}
+    totals["adapt=True"] = [10.2, 10.4, 10.25]
+    assert regret(totals, recipe_is_best=True)["goal"]["verdict"] == "tie within noise"
+    totals["adapt=True"] = [10.31, 10.4, 11.0]
+    assert regret(totals, recipe_is_best=True)["goal"]["verdict"] == "not met"
+    totals["adapt=True"] = [None, None, None]  # every adapting run failed: nothing is claimed
+    out = regret(totals, recipe_is_best=True)
+    assert out["adapt_over_fixed"] is None and out["goal"]["verdict"] == "not measured"
 
 
 def _script(name):

@@ -1,4 +1,5 @@
-"""Interleaved repeats and their summary: median with the min-max spread."""
+"""Interleaved repeats and their summary: median with the min-max spread; a ratio over interleaved pairs
+and the verdict it supports against a bound."""
 
 from __future__ import annotations
 
@@ -40,6 +41,25 @@ def spread(values: list[float]) -> dict[str, Any] | None:
         return None
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values),
             "values": values}
+
+
+def paired_ratio(num: list[float | None], den: list[float | None]) -> dict[str, Any] | None:
+    """``num[i] / den[i]`` over the interleaved pairs (repeat i of each row ran side by side, under the same
+    load), as ``spread`` summarises it; a pair with a failed run (None) is left out; None without a pair."""
+    return spread([a / b for a, b in zip(num, den, strict=True) if a is not None and b is not None])
+
+
+def verdict(ratio: dict[str, Any] | None, bound: float) -> str:
+    """Whether the pairs support ``ratio <= bound``: "met" when every pair's ratio is within it, "not met" when
+    none is, "tie within noise" when the pairs fall on both sides (the spread straddles the bound: the run
+    shows neither), "not measured" without a pair."""
+    if not ratio:
+        return "not measured"
+    if ratio["max"] <= bound:
+        return "met"
+    if ratio["min"] > bound:
+        return "not met"
+    return "tie within noise"
 
 
 def ok(runs: list[dict]) -> list[dict]:
