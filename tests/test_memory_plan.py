@@ -141,3 +141,25 @@ def test_a_trial_and_its_forkserver_are_the_oom_killers_first_choice_and_the_sea
     assert oom_score_adj() == before  # the search's own process (the user's, under autotune.search) untouched
     assert isinstance(oom_kills(), int)
     assert os.getpid() != server
+
+
+def test_the_search_keeps_no_copy_of_the_workload_it_hands_its_trials(tmp_path):
+    """The workload is pickled straight into a private file the trials read: the runner holds its path, not its
+    bytes (an in-memory dataset's size), and the file goes with the runner."""
+    import gc
+    import pickle
+
+    from autotune.tuner._measure import Workload
+    from autotune.tuner._runner import Runner
+
+    workload = Workload(dataset=list(range(100_000)), batch_size=8, epochs=1)
+    runner = Runner(workload, spool=tmp_path / "work")
+    path = runner.workload_file
+    assert path is not None and os.path.dirname(path) == str(tmp_path / "work")
+    assert os.stat(path).st_mode & 0o077 == 0  # this user's alone
+    with open(path, "rb") as f:
+        assert pickle.load(f).dataset == workload.dataset
+    assert not any(isinstance(v, bytes) and len(v) > 1000 for v in vars(runner).values())
+    del runner
+    gc.collect()
+    assert not os.path.exists(path)
