@@ -145,21 +145,32 @@ def test_a_trial_and_its_forkserver_are_the_oom_killers_first_choice_and_the_sea
 
 def test_the_search_keeps_no_copy_of_the_workload_it_hands_its_trials(tmp_path):
     """The workload is pickled straight into a private file the trials read: the runner holds its path, not its
-    bytes (an in-memory dataset's size), and the file goes with the runner."""
+    bytes (an in-memory dataset's size); the file is in a folder of its own, named as trial folders are, which
+    goes with the runner; one a killed search left is removed by the next runner."""
     import gc
     import pickle
+    from pathlib import Path
 
+    from autotune.caches._own import is_own, mark
+    from autotune.caches._trials import _host, is_leftover
     from autotune.tuner._measure import Workload
     from autotune.tuner._runner import Runner
 
+    dead = tmp_path / "work" / f"trial-{_host()}-999999999-abc"  # a search killed outright left it
+    dead.mkdir(parents=True)
+    mark(str(dead), "trial")
     workload = Workload(dataset=list(range(100_000)), batch_size=8, epochs=1)
     runner = Runner(workload, spool=tmp_path / "work")
+    assert not dead.exists()
     path = runner.workload_file
-    assert path is not None and os.path.dirname(path) == str(tmp_path / "work")
+    assert path is not None and os.path.dirname(os.path.dirname(path)) == str(tmp_path / "work")
+    folder = Path(os.path.dirname(path))
+    assert is_own(folder) and folder.name.startswith(f"trial-{_host()}-{os.getpid()}-")
+    assert not is_leftover(folder)  # this search is alive
     assert os.stat(path).st_mode & 0o077 == 0  # this user's alone
     with open(path, "rb") as f:
         assert pickle.load(f).dataset == workload.dataset
     assert not any(isinstance(v, bytes) and len(v) > 1000 for v in vars(runner).values())
     del runner
     gc.collect()
-    assert not os.path.exists(path)
+    assert not os.path.exists(path) and not folder.exists()

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import psutil
 
 from autotune._units import format_bytes
-from autotune.caches import ensure_root, remove_trial_folder, trial_folder
+from autotune.caches import ensure_root, remove_leftovers, remove_trial_folder, trial_folder
 from autotune.config import LoaderConfig
 from autotune.loader import READING
 from autotune.machine import job_memory, make_expendable, oom_kills, tree_pss, tree_rss
@@ -368,15 +368,25 @@ class Runner:
 
     def __init__(self, workload: Workload, sys_path: list[str] | None = None, memory_limit: int | None = None,
                  ranks: int = 1, spool: str | os.PathLike[str] | None = None):
-        """``spool``: the folder of the file the workload is pickled into for the trials (a temporary one by
-        default): the search holds no copy of its bytes (an in-memory dataset's size), and none crosses the
-        forkserver's pipe at each trial's start."""
+        """``spool``: where the workload is pickled into a file for the trials, in a folder of its own named
+        as trial folders are (``caches._trials``: one a search killed outright left there is removed by the
+        next runner); a temporary file by default. The search holds no copy of its bytes (an in-memory
+        dataset's size), and none crosses the forkserver's pipe at each trial's start."""
         self.sys_path = list(sys_path or [])
         self.memory_limit = memory_limit  # for all ranks of a trial together
         self.ranks = max(1, int(ranks))
         try:
-            self.workload_file: str | None = _spool(workload, spool)
-            weakref.finalize(self, _unlink, self.workload_file)
+            folder = None
+            if spool is not None:
+                remove_leftovers(spool)
+                folder = trial_folder(spool)
+            try:
+                self.workload_file: str | None = _spool(workload, folder)
+            except BaseException:
+                if folder is not None:
+                    remove_trial_folder(folder)
+                raise
+            weakref.finalize(self, _remove_spool, self.workload_file, folder)
             self.ctx: Any = multiprocessing.get_context("forkserver")
             self.ctx.set_forkserver_preload(_PRELOAD)
             self.fork_fallback = False
@@ -554,10 +564,8 @@ class Runner:
         return multiprocessing.get_context("spawn"), env
 
 
-def _spool(workload: Workload, folder: str | os.PathLike[str] | None) -> str:
+def _spool(workload: Workload, folder: str | None) -> str:
     """``workload`` pickled straight into a new private file under ``folder``; its path."""
-    if folder is not None:
-        os.makedirs(folder, exist_ok=True)
     fd, path = tempfile.mkstemp(prefix="autotune-workload-", suffix=".pickle", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -571,6 +579,12 @@ def _spool(workload: Workload, folder: str | os.PathLike[str] | None) -> str:
 def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+def _remove_spool(path: str, folder: str | None) -> None:
+    _unlink(path)
+    if folder is not None:
+        remove_trial_folder(folder)
 
 
 @contextlib.contextmanager

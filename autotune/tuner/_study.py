@@ -175,7 +175,7 @@ class Search:
         setup = self.setup
         self.runner: TrialRunner = self._runner or Runner(setup.workload, self.spec.sys_path,
                                                           memory_limit=setup.limits.memory_budget, ranks=setup.ranks,
-                                                          spool=self.opts.workdir)
+                                                          spool=Path(self.opts.workdir) / "workloads")
         if setup.plan.cache_root:
             removed = remove_leftovers(setup.plan.cache_root)
             if removed:
