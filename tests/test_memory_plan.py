@@ -77,7 +77,11 @@ def test_not_even_the_default_fits_is_one_line_naming_the_limit_what_is_availabl
         "Not even the smallest trial (num_workers=0, no cache) fits this job's memory: the cgroup memory limit "
         "of 700.0 MiB (test) leaves 200.0 MiB available to the search, whose budget of 139.0 MiB is below the "
         "~140.0 MiB a trial holds (an interpreter of 100.0 MiB, its dataset, heap and 2 batches of 10.0 MiB). "
-        "Raise the memory limit by at least ~1.4 MiB (or --max-memory), or search with a smaller batch size.")
+        "Raise the memory limit by at least ~1.0 MiB (or --max-memory), or search with a smaller batch size.")
+    # nothing left at all: the job must grow until 70% of what is left holds the trial (140 / 0.7 = 200 MiB)
+    empty = str(MemoryTooSmall(replace(small, budget=0, available=0).too_small()))
+    assert "leaves 0 B available to the search, whose budget of 0 B is below the ~140.0 MiB" in empty
+    assert "Raise the memory limit by at least ~200.0 MiB (or --max-memory)" in empty
     assert fit_space(SPACE, replace(small, budget=140 * MIB))[0].max_workers == 0  # the default to the byte fits
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from autotune._units import format_bytes
 from autotune.config import DEFAULT, LoaderConfig
 from autotune.errors import AutotuneError
+from autotune.machine import BUDGET_SHARE
 from autotune.tuner._space import Space
 
 __all__ = ["BATCHES_IN_MAIN", "TRIAL_HEAP", "WORKER_HEAP", "MemoryTooSmall", "TrialMemory", "fit_space"]
@@ -85,14 +86,15 @@ class TrialMemory:
     def too_small(self) -> str:
         """The one line for a job where not even the plain default's trial fits."""
         need = self.need(DEFAULT)
-        # the job's limit less what it had left is what is resident already; the budget is a share of the rest
-        wanted = need * self.available // max(self.budget, 1)
+        # The budget is a share of what the job has left: that must grow to need / share (a budget the user set
+        # with --max-memory must grow by what is missing).
+        short = max(need - self.budget, int(need / BUDGET_SHARE) - self.available)
         return (f"Not even the smallest trial (num_workers=0, no cache) fits this job's memory: {self.limit_text} "
                 f"leaves {format_bytes(self.available)} available to the search, whose budget of "
                 f"{format_bytes(self.budget)} is below the ~{format_bytes(need)} a trial holds (an interpreter of "
                 f"{format_bytes(self.interpreter)}, its dataset, heap and {BATCHES_IN_MAIN} batches of "
                 f"{format_bytes(self.batch_bytes)}). Raise the memory limit by at least "
-                f"~{format_bytes(max(0, wanted - self.available))} (or --max-memory), or search with a smaller "
+                f"~{format_bytes(short)} (or --max-memory), or search with a smaller "
                 "batch size.")
 
 
