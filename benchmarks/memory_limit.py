@@ -26,6 +26,18 @@ accelerator step (``--compute-ms``, ``time.sleep``), and AU is reported as ``acc
 steps x compute time over the whole run's wall time, and steady (from the first batch on). The table also
 gives each row's cgroup peak and whether the kernel killed it; the notes give the partial cache's share.
 
+The limit must let the search run: a search inside it holds an interpreter with torch and a trial forkserver
+(~330 MiB here) and plans each trial within 70% of what is left (``autotune/tuner/_memory_plan.py``), and in a
+job too small for its smallest trial it exits 2 saying how much more it needs. So before each case a child in a
+roomy cgroup measures that footprint (``--footprint``); a case's limit below what the search and its smallest
+trial need is raised to it, and raised again by what the search itself says it lacks (at most twice), each
+step in the output and the notes. For ``files`` the notes say whether the JPEGs plus the processes exceed the
+limit, so that the files cannot stay in the page cache. The 10,000 JPEGs (368 MiB) asked under 0.3 GiB, below
+any search here, ran under 896-928 MiB in smoke runs (300 JPEGs, loaded machine):
+
+    sudo python benchmarks/memory_limit.py --case files --images 10000 --limit-gib 0.3 --repeats 1 --budget 60 \
+        --rows plain autotune grid    # ~8-10 minutes on a quiet 2-CPU machine (estimated)
+
 Full mode, about 2 hours on a quiet 2-CPU machine (estimated: decoding is ~2.5 ms a JPEG; the files case is
 4x the decoded one):
 
@@ -36,7 +48,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -55,6 +69,7 @@ from harness.workloads import BATCH, EPOCHS, SleepConsumer, jpeg_dataset, jpeg_f
 # After harness, which puts the checkout's autotune first on sys.path.
 from autotune.config import LoaderConfig
 from autotune.dataset._userfile import UserSpec
+from autotune.errors import AutotuneError
 from autotune.tuner._space import Space
 
 NAME = "memory_limit"
@@ -111,6 +126,41 @@ def grid_space(shares: tuple[float, ...], whole_fits: bool) -> Space:
                  cache_fills=("build", "first_epoch"), filled_caches=("memory",), allocators=("glibc",))
 
 
+def _spec(images: int, compute_s: float) -> UserSpec:
+    return UserSpec(dataset=jpeg_dataset(images), source=str(EXAMPLES / "jpeg_folder.py"), batch_size=BATCH,
+                    epochs=EPOCHS, train_step=SleepConsumer(compute_s), sys_path=[str(EXAMPLES), str(BENCHMARKS)])
+
+
+def footprint_child(payload: str) -> int:
+    """Inside a roomy cgroup: what a search holds before its first trial (this process and its trial forkserver,
+    imports done) and what its smallest trial needs by the search's own plan; prints them as JSON."""
+    import autotune.tuner._study  # noqa: F401 - what a search imports (Optuna), before its figures are read
+    from autotune.config import DEFAULT
+    from autotune.machine import process_uss
+    from autotune.machine._memory_limit import job_memory
+    from autotune.tuner._preparation import trial_memory
+    from autotune.tuner._runner import waiting_forkserver, warm_forkserver
+
+    p = json.loads(payload)
+    spec = _spec(p["images"], 0.0)
+    sample = spec.dataset[0][0]
+    warm_forkserver()
+    deadline = time.monotonic() + 300
+    while waiting_forkserver() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    plan = trial_memory(spec, BATCH * sample.numel() * sample.element_size(), 1, None)
+    server = waiting_forkserver()
+    # The search may plan before its forkserver is ready: then its own private memory stands for the server's
+    # and for a trial's interpreter (an upper bound), as here.
+    own = process_uss()
+    plan = dataclasses.replace(plan, interpreter=max(plan.interpreter, own))
+    memory = job_memory()
+    resident = memory.total - memory.available - (process_uss(server) if server else 0) + own
+    print(json.dumps({"resident_bytes": resident, "default_need_bytes": plan.need(DEFAULT),
+                      "interpreter_bytes": plan.interpreter}))
+    return 0
+
+
 def search_child(payload: str) -> int:
     """Inside the cgroup: autotune's search, then the small grid on its plan; writes the profiles as JSON."""
     from autotune.caches import estimate_need
@@ -120,12 +170,14 @@ def search_child(payload: str) -> int:
 
     p = json.loads(payload)
     work = Path(p["workdir"])
-    spec = UserSpec(dataset=jpeg_dataset(p["images"]), source=str(EXAMPLES / "jpeg_folder.py"), batch_size=BATCH,
-                    epochs=EPOCHS, train_step=SleepConsumer(p["compute_s"]),
-                    sys_path=[str(EXAMPLES), str(BENCHMARKS)])
+    spec = _spec(p["images"], p["compute_s"])
     memory = job_memory()
     output.say(f"  inside: {memory.describe_limit()}, {memory.available / 2**20:.0f} MiB available")
-    recipe, outcome, timing = recipes.autotune_search(spec, budget=p["budget"], workdir=work)
+    try:
+        recipe, outcome, timing = recipes.autotune_search(spec, budget=p["budget"], workdir=work)
+    except AutotuneError as exc:  # the search's own one line (a job too small for any trial): no traceback
+        output.say(f"autotune: error: {exc}")
+        return exc.exit_code
     output.say(f"  -> {recipe.config.describe()} in {timing['wall_s']:.1f} s ({outcome.trials} trials)")
     whole = estimate_need("memory", outcome.probe.sample_bytes, outcome.probe.length)[0]
     limits = Limits(usable_cpus=1, memory_budget=default_budget(), disk_free=0, process_memory=tree_pss())
@@ -191,18 +243,78 @@ def summarise(runs: list[dict], compute_s: float) -> dict[str, Any]:
     return s
 
 
+MIB = 1 << 20
+_TOO_SMALL = re.compile(r"Raise the memory limit by at least ~([\d.]+) (B|KiB|MiB|GiB)")
+
+
+def _bytes(number: str, unit: str) -> int:
+    return int(float(number) * {"B": 1, "KiB": 1 << 10, "MiB": MIB, "GiB": GIB}[unit])
+
+
+def fit_limit(requested: int, footprint: dict[str, int], files_bytes: int, case: str) -> tuple[int, list[str]]:
+    """The case's limit, raised where the search and its smallest trial cannot fit it, and the notes saying so;
+    for ``files``, whether the JPEGs can stay in the page cache under it."""
+    from autotune.machine import BUDGET_SHARE
+
+    resident, need = footprint["resident_bytes"], footprint["default_need_bytes"]
+    least = int(resident + need / BUDGET_SHARE)
+    least = -(-least // (32 * MIB)) * 32 * MIB  # a round figure, up
+    notes = []
+    limit = requested
+    if requested < least:
+        limit = least
+        notes.append(f"{case}: the requested {requested / GIB:.2f} GiB is below any search: the search and its trial "
+                     f"server hold {resident / MIB:.0f} MiB and its smallest trial plans ~{need / MIB:.0f} MiB within "
+                     f"{BUDGET_SHARE:.0%} of what is left; the limit is raised to {limit / MIB:.0f} MiB")
+    if case == "files":
+        notes.append(files_note(files_bytes, footprint, limit))
+    return limit, notes
+
+
+def files_note(files_bytes: int, footprint: dict[str, int], limit: int) -> str:
+    """Whether the JPEGs can stay in the page cache beside the search's processes under ``limit``."""
+    processes = footprint["resident_bytes"] + footprint["default_need_bytes"]
+    fits = files_bytes + processes <= limit
+    then = ("may stay in the page cache: not this case's regime, pass a smaller --limit-gib or more --images"
+            if fits else "cannot stay in the page cache")
+    return (f"files: {files_bytes / MIB:.0f} MiB of JPEGs + {processes / MIB:.0f} MiB of processes "
+            f"{'fit' if fits else 'exceed'} the {limit / MIB:.0f} MiB limit: the files {then}")
+
+
 def one_case(args, name: str, case: dict, work: Path, repeats: int) -> tuple[dict, list[list[str]]]:
-    images, limit = case["images"], case["limit"]
+    images, requested = case["images"], case["limit"]
     compute_s = args.compute_ms / 1000
     here = work / name
     here.mkdir(parents=True, exist_ok=True)
     dataset = jpeg_dataset(images)  # written once, outside every measurement
     files_bytes = sum(Path(p).stat().st_size for p in dataset.paths)
+    out, _ = in_cgroup(8 * GIB, [sys.executable, str(Path(__file__).resolve()), "--footprint",
+                                 json.dumps({"images": images})], timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"{name}: measuring the search's footprint failed (exit {out.returncode}):\n"
+                         f"{out.stderr[-3000:]}")
+    footprint = json.loads(out.stdout.strip().splitlines()[-1])
+    limit, limit_notes = fit_limit(requested, footprint, files_bytes, name)
+    for note in limit_notes:
+        output.say(note)
     output.say(f"{name}: {images} JPEGs ({files_bytes / 2**20:.0f} MiB of files) under {limit / GIB:.2f} GiB; "
                f"search ({args.budget:.0f} s) and grid inside the limit ...")
     payload = json.dumps({"images": images, "workdir": str(here), "budget": args.budget, "compute_s": compute_s,
                           "quick": args.quick, "out": str(here / "search.json")})
-    out, facts = in_cgroup(limit, [sys.executable, str(Path(__file__).resolve()), "--search", payload])
+    for _attempt in range(3):
+        out, facts = in_cgroup(limit, [sys.executable, str(Path(__file__).resolve()), "--search", payload])
+        more = _TOO_SMALL.search(out.stderr) if out.returncode == 2 else None
+        if more is None:
+            break
+        # The search's own plan says how much more its smallest trial needs: that figure, and a quarter more (its
+        # own figures move a little from one start to the next); a round figure, up.
+        raised = -(-int(limit + 1.25 * _bytes(more.group(1), more.group(2))) // (32 * MIB)) * 32 * MIB
+        limit_notes.append(f"{name}: the search found {limit / MIB:.0f} MiB too small for its smallest trial "
+                           f"(\"{more.group(0)}\"); the limit is raised to {raised / MIB:.0f} MiB")
+        output.say(limit_notes[-1])
+        limit = raised
+        if name == "files":
+            limit_notes.append(files_note(files_bytes, footprint, limit))
     if out.returncode != 0:
         raise SystemExit(f"{name}: the search inside the limit failed (exit {out.returncode}, "
                          f"{facts['oom_kills']} OOM kill(s)):\n{out.stderr[-3000:]}")
@@ -233,7 +345,8 @@ def one_case(args, name: str, case: dict, work: Path, repeats: int) -> tuple[dic
                            pct(s.get("au")), pct(s.get("au_steady")),
                            output.fmt_bytes((s.get("cgroup_peak_bytes") or {}).get("median")), killed])
     decoded = tuned["whole_cache_bytes"]
-    return {"case": name, "images": images, "limit_bytes": limit, "files_bytes": files_bytes,
+    return {"case": name, "images": images, "limit_bytes": limit, "limit_requested_bytes": requested,
+            "footprint": footprint, "limit_notes": limit_notes, "files_bytes": files_bytes,
             "decoded_bytes": decoded, "decoded_over_limit": decoded / limit, "rows": rows, **tuned}, table_rows
 
 
@@ -246,11 +359,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=120.0, help="autotune search budget, seconds")
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     p.add_argument("--search", help=argparse.SUPPRESS)
+    p.add_argument("--footprint", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.cell:
         return child_main(CELLS, args.cell)
     if args.search:
         return search_child(args.search)
+    if args.footprint:
+        return footprint_child(args.footprint)
     started = time.perf_counter()
     why = MemoryCgroup.why_not()
     if why:
@@ -282,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
              f"step per batch; median (min–max) of {repeats} interleaved fresh-process run(s), each in a cgroup of "
              "its own with the case's limit."]
     for r in results:
+        notes.extend(r["limit_notes"])
         share = r["search"]["config"].get("cache_share")
         held = (f"a partial memory cache of the first {share:.0%} of the samples" if share
                 else f"cache {r['search']['config'].get('cache') or 'none'}")

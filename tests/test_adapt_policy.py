@@ -15,15 +15,16 @@ W4 = W2.refit(num_workers=4)
 W1 = W2.refit(num_workers=1)
 
 
-def obs(config, ms_per_batch, *, stall=0.5, batches=100, spread=0.0, fresh=False, first_wait=None):
-    """An epoch of ``batches`` at ``ms_per_batch``; ``spread``: its chunks alternate ±spread (log scale)."""
+def obs(config, ms_per_batch, *, stall=0.5, batches=100, spread=0.0, fresh=False, first_wait=None, cpu=0.0):
+    """An epoch of ``batches`` at ``ms_per_batch``; ``spread``: its chunks alternate ±spread (log scale);
+    ``cpu``: the main process's CPU seconds per wall second."""
     spb = ms_per_batch / 1e3
     chunks = tuple(spb * math.exp(spread if i % 2 else -spread) for i in range(8))
     seconds = spb * batches
     wait = stall * seconds
     return EpochObservation(config=config, batches=batches, seconds=seconds, wait_seconds=wait,
                             first_wait_seconds=wait / batches if first_wait is None else first_wait,
-                            chunk_seconds=chunks, fresh_pool=fresh)
+                            chunk_seconds=chunks, fresh_pool=fresh, main_cpu_seconds=cpu * seconds)
 
 
 def run(policy, observations):
@@ -159,6 +160,24 @@ def test_the_thread_split_is_a_move_judged_as_any_other():
     assert got[-2:] == [("try", t4), ("settle", W2)] and reverted.incumbent == W2
     fixed = Policy(W2, max_workers=4, threads=2, fixed=frozenset({"main_threads"}))
     assert all(c.main_threads is None for _, c in run(fixed, [lambda c: obs(c, 10.0, stall=0.0)] * 8))
+
+
+def test_a_step_keeping_all_its_threads_busy_tries_more_threads_first():
+    """Low stall and a saturated main process: the step is short of cores, and the third move in the low
+    stall's order would come after two rejections, one before MAX_REJECTIONS settles the run."""
+    assert [name for name, _ in moves(W2, 0.01, max_workers=4, cuda=False, threads=2, cpu_share=1.7)] == [
+        "more main threads", "fewer workers", "less prefetch", "more workers", "more prefetch", "fewer main threads"]
+    one = W2.refit(main_threads=1)
+    assert moves(one, 0.01, max_workers=2, cuda=False, threads=2, cpu_share=0.85)[0] == (
+        "more main threads", W2.refit(main_threads=2))
+    # not saturated (the step sleeps, or waits on a device), or waiting on the loader: the order of the stall
+    assert moves(W2, 0.01, max_workers=4, cuda=False, threads=2, cpu_share=1.5)[0][0] == "fewer workers"
+    assert moves(W2, 0.5, max_workers=4, cuda=False, threads=2, cpu_share=2.0)[0][0] == "more workers"
+    assert moves(W2, 0.01, max_workers=4, cuda=False, cpu_share=2.0)[0][0] == "fewer workers"  # split fixed
+    t4 = W2.refit(main_threads=4)
+    policy = Policy(W2, max_workers=4, threads=2)
+    got = run(policy, [lambda c: obs(c, 8.0 if c == t4 else 10.0, stall=0.0, cpu=1.9)] * 3)
+    assert got == [("warm-up", W2), ("try", t4), ("keep", t4)]
 
 
 def test_a_crashed_candidate_is_a_rejection_never_tried_again():

@@ -67,8 +67,20 @@ def _helpers() -> set[int]:
     return found
 
 
+_BEFORE: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _children_before_the_test():
+    """An earlier test's pool can still be shutting down when the next test starts (on a loaded machine, a
+    dropped loader's workers take seconds to exit): only children started during this test are counted."""
+    _BEFORE.clear()
+    _BEFORE.update(p.pid for p in psutil.Process().children())
+    yield
+
+
 def workers_alive() -> int:
-    ignored = _helpers()
+    ignored = _helpers() | _BEFORE
     return sum(1 for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE and p.pid not in ignored)
 
 

@@ -377,3 +377,18 @@ def test_the_factory_s_fill_in_workers_gathers_every_batch_in_the_training_proce
     assert os.getpid() not in {pid for _, pid in dataset.reads()}
     assert sorted(i for i, _ in dataset.reads()) == list(range(8, 37)), "each sample past the head decoded once"
 
+
+def test_a_batch_that_draws_hands_its_samples_and_writes_none_of_them():
+    """A fill batch that drew: its samples are handed as read, and none of them, also those that drew
+    nothing themselves, is in the cache's columns or trusted."""
+    dataset = Drawing()
+    cache = FirstEpochCache(dataset)
+    data, _ = filling_source(cache, None, None)
+    positions = [16, 17, 18, 19, 20, 21]
+    torch.manual_seed(5)
+    batch = data.__getitems__(positions)
+    torch.manual_seed(5)
+    expected = [dataset[k] for k in positions]
+    assert isinstance(batch, list) and all(samples_equal(a, b) for a, b in zip(batch, expected, strict=True))
+    assert cache.random[0] and not cache.filled[positions].any()
+    assert not any(column[positions].any() for column in cache.columns), "a drawing batch's bytes in the cache"

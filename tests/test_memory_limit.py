@@ -272,3 +272,73 @@ def test_the_factory_is_not_killed_by_a_recipe_tuned_with_more_memory(tmp_path):
     assert "samples 1500 cache memory share 0." in run.stdout and "fitted to the memory limit" in run.stdout
     fitted = [line for line in run.stderr.splitlines() if "the recipe adds ~" in line]
     assert len(fitted) == 1 and "cgroup memory limit of 700.0 MiB" in fitted[0], run.stderr
+
+
+_GREEDY = """
+import json, multiprocessing, os, sys
+import torch
+from torch.utils.data import Dataset
+
+class Greedy(Dataset):
+    # Small samples; a trial's DataLoader worker also takes 2 GiB, far over the job's limit (a leaky decoder).
+    def __len__(self):
+        return 256
+    def __getitem__(self, i):
+        parent = multiprocessing.parent_process()
+        if parent is not None and parent.name.startswith("autotune-trial"):
+            with open(os.path.join(os.environ["SCORES"], str(os.getpid())), "w") as f:
+                f.write(open("/proc/self/oom_score_adj").read())
+            hog = b"x" * (2 << 30)
+        return torch.full((64,), float(i))
+
+if __name__ == "__main__":
+    from autotune._api import search_spec
+    from autotune.dataset._userfile import UserSpec
+    from autotune.tuner._options import SearchOptions
+
+    spec = UserSpec(dataset=Greedy(), source=__file__, batch_size=16, epochs=2, sys_path=[os.path.dirname(__file__)])
+    # The trial count ends it, not the clock: the default, the usual advice (workers) and one main thread. A
+    # budget above the job's limit leaves the worker to the kernel: the runner's own sampled guard would race it.
+    opts = SearchOptions(budget=120, max_trials=3, caches="none", workdir="work", progress=False,
+                         max_memory=4 << 30)
+    recipe, outcome = search_spec(spec, opts, "autotune.json")
+    print(json.dumps({"failed": outcome.failed, "config": recipe.config.to_json(),
+                      "score": open("/proc/self/oom_score_adj").read().strip()}))
+"""
+
+
+def test_a_trial_killed_by_the_oom_killer_is_a_failed_trial_and_the_search_ends_with_a_recipe(tmp_path):
+    """Inside a real 800 MiB cgroup, the candidate with workers has its worker take 2 GiB: the kernel's OOM killer
+    ends a process of the trial's tree (each made its first choice), the trial is failed with one line naming
+    the limit, and the search goes on to a recipe, exit 0, its own process's score untouched. On the old code
+    the trials' processes kept the search's score and the reason named no limit."""
+    why = MemoryCgroup.why_not()
+    if why:
+        pytest.skip(why)
+    (tmp_path / "greedy.py").write_text(_GREEDY)
+    scores = tmp_path / "scores"
+    scores.mkdir()
+    try:
+        cgroup_cm = MemoryCgroup.make(800 << 20, name="autotune-test")
+        cgroup = cgroup_cm.__enter__()
+    except OSError as exc:
+        pytest.skip(f"this machine does not allow a memory cgroup here: {exc}")
+    try:
+        run = subprocess.run([*cgroup.prefix(), sys.executable, "greedy.py"], capture_output=True, text=True,
+                             cwd=tmp_path, timeout=240,
+                             env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "SCORES": str(scores),
+                                  "AUTOTUNE_CACHE_DIR": str(tmp_path / "cache")})
+        kills = cgroup.oom_kills()
+    finally:
+        cgroup_cm.__exit__(None, None, None)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert kills >= 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert (tmp_path / "autotune.json").is_file()
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    oom = [r for r in got["failed"] if r.startswith("killed by the kernel's out-of-memory killer inside the cgroup "
+                                                     "memory limit of 800.0 MiB (")]
+    assert len(oom) == 1 and "\n" not in oom[0], got["failed"]
+    assert got["config"]["num_workers"] == 0  # the candidate with workers never finished its trial
+    assert got["score"] == "0"  # the search's process (here the user's) keeps its own score
+    written = {p.read_text().strip() for p in scores.iterdir()}
+    assert written == {"1000"}, written  # the trial's worker was the kernel's first choice

@@ -214,8 +214,9 @@ def test_the_search_names_the_limit_its_budget_comes_from():
 
     limits = Limits(usable_cpus=1, memory_budget=677 * MIB, disk_free=GIB)
     _note_limit(limits, job(967 * MIB))
-    assert limits.notes == ["memory budget: 677.0 MiB, 70% of what the cgroup memory limit of 1.2 GiB "
-                            "(/sys/fs/cgroup/memory/job/memory.limit_in_bytes) leaves this job now"]
+    assert limits.notes == ["memory budget: 677.0 MiB, 70% of the 967.0 MiB the cgroup memory limit of 1.2 GiB "
+                            "(/sys/fs/cgroup/memory/job/memory.limit_in_bytes) leaves this job once the search and "
+                            "its trial server hold their imports"]
     _note_limit(limits, job(967 * MIB, limit=None))
     assert len(limits.notes) == 1  # the host's memory: nothing to say
 

@@ -19,6 +19,7 @@ Two encodings are offered:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -53,6 +54,7 @@ def _torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
+@functools.cache  # asked twice per tensor of every sample encoded; its probe tensors cost more than the rest
 def _tensor_storage(dtype: torch.dtype) -> tuple[np.dtype, torch.dtype | None] | None:
     """How a tensor of ``dtype`` is held in a numpy column: (numpy dtype, raw view dtype or None)."""
     try:

@@ -34,6 +34,7 @@ from autotune.caches._codec import samples_equal
 from autotune.caches._draws import WatchedReads, message
 from autotune.caches._key import _datasets
 from autotune.dataset._userfile import read_sample
+from autotune.machine import make_expendable
 
 log = logging.getLogger("autotune")
 _EPOCHS = (0, 1)
@@ -148,6 +149,7 @@ def check_deterministic(dataset: Any, probe: int = 3, seed: int = 0, *, timeout:
 
 
 def _tell_pid(pid: Any, worker_id: int) -> None:
+    make_expendable()  # the check's own worker: an OOM in it must not end the search or the training (machine._oom)
     pid.value = os.getpid()
 
 

@@ -1,6 +1,6 @@
 """The machine a recipe is tuned on: hardware facts and fingerprint (``_hardware``), the CPUs this
 process may use (``_cpus``), memory, the job's limit and its budget (``_memory``, ``_memory_limit``,
-``_memory_file``, ``_first_touch``, ``_populate``),
+``_memory_file``, ``_first_touch``, ``_populate``), whom the kernel's OOM killer ends first (``_oom``),
 /dev/shm (``_shm``), and page-cache eviction for cold reads (``_evict``).  See docs/architecture.md.
 """
 
@@ -15,13 +15,15 @@ from autotune.machine._evict import (
     source_files,
 )
 from autotune.machine._first_touch import first_touch_seconds
-from autotune.machine._memory import default_budget, tree_pss, tree_rss
+from autotune.machine._memory import BUDGET_SHARE, default_budget, process_uss, tree_pss, tree_rss
 from autotune.machine._memory_file import FileColumn
 from autotune.machine._memory_limit import JobMemory, job_memory
+from autotune.machine._oom import make_expendable, oom_kills, oom_score_adj
 from autotune.machine._populate import populate
 from autotune.machine._shm import batch_bytes, shm_free, shm_rule
 
 __all__ = [
+    "BUDGET_SHARE",
     "EvictionReport",
     "FileColumn",
     "JobMemory",
@@ -32,9 +34,13 @@ __all__ = [
     "evict",
     "files_under",
     "job_memory",
+    "make_expendable",
+    "oom_kills",
+    "oom_score_adj",
     "first_touch_seconds",
     "fits_page_cache",
     "populate",
+    "process_uss",
     "ranks_per_node",
     "record_files",
     "shm_free",

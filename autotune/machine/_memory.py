@@ -46,6 +46,19 @@ def tree_pss(pid: int | None = None) -> int:
     return _tree_total(pid, _pss)
 
 
+def process_uss(pid: int | None = None) -> int:
+    """The memory only this process holds (USS: its private pages; RSS where it cannot be read), in bytes:
+    what a fresh process with the same imports would add to the job."""
+    try:
+        proc = psutil.Process(pid or os.getpid())
+        try:
+            return int(getattr(proc.memory_full_info(), "uss", 0) or proc.memory_info().rss)
+        except (psutil.AccessDenied, psutil.ZombieProcess):
+            return int(proc.memory_info().rss)
+    except psutil.NoSuchProcess:
+        return 0
+
+
 def tree_rss(pid: int) -> int:
     """Cheap RSS of a process tree (from statm), for the guard that stops runaway trials."""
     return _tree_total(pid, lambda proc: proc.memory_info().rss)

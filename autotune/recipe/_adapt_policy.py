@@ -28,7 +28,9 @@ The thread split is a move like the others where the main process's threads may 
 main's count standing for a configuration that leaves it unset; None: the user set it, or the recipe
 may not touch the process): more threads to the step ("more main threads", "fewer worker threads") or
 to the loader ("more worker threads", where the workers are not forked; "fewer main threads"), in the
-stall's order, judged by rule 2.
+stall's order, judged by rule 2. The main process's CPU time says which way first when the step never
+waits: a main process keeping all its threads busy tries "more main threads" before fewer workers, since
+with ``MAX_REJECTIONS`` the move tried late may never be tried.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ MIN_GAIN = 0.03  # the least speed-up a switch is kept for, on a log scale (~3%)
 MAX_REJECTIONS = 3
 DRIFT = 0.15  # a settled incumbent's change that reopens the search (log scale, ~16%)
 STALL_HIGH = 0.1  # above: the step waits for the loader
+SATURATED = 0.8  # the main's CPU seconds per wall second, per thread it has, from which its threads are all busy
 MOST_PREFETCH = 8  # the most a move doubles prefetch_factor to (the search's largest)
 
 
@@ -58,6 +61,7 @@ class EpochObservation:
     first_wait_seconds: float  # the first batch's wait: a new pool's start-up, a reset's refill
     chunk_seconds: tuple[float, ...] = ()  # seconds per batch of each chunk of the epoch, in order
     fresh_pool: bool = False  # this epoch started the workers (a switch, or not persistent)
+    main_cpu_seconds: float = 0.0  # the main process's CPU time over the epoch, all its threads (0: unknown)
 
     @property
     def stall(self) -> float:
@@ -86,6 +90,7 @@ class _Stats:
     epochs: list[float] = field(default_factory=list)  # seconds per batch, per epoch
     chunks: int = 0  # chunks behind the latest epoch
     stall: float = 0.0
+    cpu_share: float = 0.0  # the main process's CPU seconds per wall second in the latest epoch
 
 
 Allowed = Callable[[LoaderConfig], str | None]  # None: the configuration may run; else why not
@@ -97,11 +102,14 @@ def _worker_step(n: int) -> int:
 
 
 def moves(config: LoaderConfig, stall: float, *, max_workers: int, cuda: bool, first: str | None = None,
-          threads: int | None = None, max_threads: int | None = None) -> list[tuple[str, LoaderConfig]]:
+          threads: int | None = None, max_threads: int | None = None,
+          cpu_share: float = 0.0) -> list[tuple[str, LoaderConfig]]:
     """The neighbours of ``config`` worth one epoch, in the order the stall suggests (``first``, the move
     last kept, leads while it still applies). ``threads``: the main process's thread count where
     ``config`` leaves it unset, None where the split may not move; ``max_threads`` (``max_workers``
-    unless given): the most either side takes."""
+    unless given): the most either side takes. ``cpu_share``: the main process's CPU seconds per wall
+    second; a step that never waits and keeps every thread it has busy (``SATURATED``) is short of
+    threads, so "more main threads" leads the moves toward the step."""
     max_threads = max_threads or max_workers
     n = config.num_workers
     out: dict[str, LoaderConfig] = {}
@@ -137,6 +145,8 @@ def moves(config: LoaderConfig, stall: float, *, max_workers: int, cuda: bool, f
         out.update(more)
         out.update(fewer)
     else:
+        if threads is not None and "more main threads" in fewer and cpu_share >= SATURATED * main:
+            out["more main threads"] = fewer.pop("more main threads")
         out.update(fewer)
         out.update(more)
     ordered = list(out.items())
@@ -176,6 +186,7 @@ class Policy:
         stats = self.stats.setdefault(obs.config, _Stats())
         stats.epochs.append(obs.seconds_per_batch)
         stats.stall = obs.stall
+        stats.cpu_share = obs.main_cpu_seconds / obs.seconds if obs.seconds > 0 else 0.0
         chunks = [c for c in obs.chunk_seconds if c > 0]
         stats.chunks = max(1, len(chunks))
         if len(chunks) > 1:
@@ -254,7 +265,7 @@ class Policy:
             return Decision(self.incumbent, "settle", f"settled after {self.rejections} rejections")
         threads = None if "main_threads" in self.fixed else self.threads
         for name, config in moves(self.incumbent, incumbent.stall, max_workers=self.max_workers, cuda=self.cuda,
-                                  first=self.kept_move, threads=threads):
+                                  first=self.kept_move, threads=threads, cpu_share=incumbent.cpu_share):
             if config in self.tried or config in self.skipped or config in self.failed or any(
                     getattr(config, k) != getattr(self.incumbent, k) for k in self.fixed):
                 continue

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -86,7 +87,7 @@ class Memory:
 
 
 def _epoch_stats(waits: list[float], marks: list[float], start: float, end: float, config: LoaderConfig,
-                 fresh: bool) -> EpochObservation:
+                 fresh: bool, cpu_seconds: float = 0.0) -> EpochObservation:
     """The epoch as the policy sees it: ``marks`` are the times each batch left ``next()``."""
     chunk_seconds: list[float] = []
     steady = marks[1:]  # from the first batch on: its wait is the start-up, not the run's noise
@@ -95,7 +96,7 @@ def _epoch_stats(waits: list[float], marks: list[float], start: float, end: floa
         chunk_seconds.append((steady[i + size] - steady[i]) / size)
     return EpochObservation(config=config, batches=len(waits), seconds=end - start, wait_seconds=sum(waits),
                             first_wait_seconds=waits[0] if waits else 0.0, chunk_seconds=tuple(chunk_seconds),
-                            fresh_pool=fresh)
+                            fresh_pool=fresh, main_cpu_seconds=cpu_seconds)
 
 
 class RankSync:
@@ -114,13 +115,14 @@ class RankSync:
 
         device = "cuda" if self.dist.get_backend() == "nccl" else "cpu"
         chunks = list(obs.chunk_seconds)[:CHUNKS] + [0.0] * (CHUNKS - len(obs.chunk_seconds[:CHUNKS]))
-        values = torch.tensor([obs.seconds, obs.wait_seconds, obs.first_wait_seconds, float(obs.batches), *chunks],
+        values = torch.tensor([obs.seconds, obs.wait_seconds, obs.first_wait_seconds, float(obs.batches),
+                               obs.main_cpu_seconds, *chunks],
                               dtype=torch.float64, device=device)
         self.dist.all_reduce(values, op=self.dist.ReduceOp.MAX)
         v = values.tolist()
         return EpochObservation(config=obs.config, batches=int(v[3]), seconds=v[0], wait_seconds=v[1],
-                                first_wait_seconds=v[2], chunk_seconds=tuple(c for c in v[4:] if c > 0),
-                                fresh_pool=obs.fresh_pool)
+                                first_wait_seconds=v[2], chunk_seconds=tuple(c for c in v[5:] if c > 0),
+                                fresh_pool=obs.fresh_pool, main_cpu_seconds=v[4])
 
     def broadcast(self, decision: Decision | None) -> Decision:
         payload = [None if decision is None else
@@ -172,6 +174,7 @@ class _Pending:
     start: float
     config: LoaderConfig
     fresh: bool
+    cpu_start: float = field(default_factory=time.process_time)  # the main process's CPU clock, all threads
 
     def estimated_end(self) -> float:
         waits, marks = self.clock.waits, self.marks
@@ -453,8 +456,8 @@ class AdaptiveLoader:
         waits = pending.clock.epoch_waits()
         if len(waits) >= MIN_BATCHES:
             self._completed.add(pending.config)
-            self._end_epoch(_epoch_stats(waits, pending.marks, pending.start, end, pending.config, pending.fresh),
-                            mid_epoch)
+            self._end_epoch(_epoch_stats(waits, pending.marks, pending.start, end, pending.config, pending.fresh,
+                                         time.process_time() - pending.cpu_start), mid_epoch)
 
     def _end_epoch(self, obs: EpochObservation, mid_epoch: bool = False) -> None:
         if self._read_memory:

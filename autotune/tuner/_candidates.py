@@ -14,6 +14,7 @@ from autotune.caches import backend_names, estimate_need
 from autotune.config import cache_backend
 from autotune.dataset import Probe
 from autotune.process import DEFAULT_ALLOCATOR, get_allocator, searched_allocators
+from autotune.tuner._memory_plan import TrialMemory, fit_space
 from autotune.tuner._space import Space, start_methods
 
 
@@ -30,6 +31,7 @@ class Limits:
     process_memory: int = 0  # what a trial's process holds besides a cache (the search's own, as an estimate)
     notes: list[str] = field(default_factory=list)
     cache_shares: tuple[float, ...] = ()  # set by cache_choices: a partial memory cache's shares, if any
+    trial_memory: TrialMemory | None = None  # what a trial costs in memory, measured (None: not planned)
 
 
 def disk_free(*folders: Path) -> int:
@@ -122,7 +124,7 @@ def build_space(probe: Probe, limits: Limits) -> Space:
     # there with num_workers=0, and its OpenMP threads compete with the workers for the same cores.
     main_threads = (None, *threads) if cpus > 1 else ()
     caches = cache_choices(probe, limits)
-    return Space(
+    space = Space(
         max_workers=max_workers,
         contexts=start_methods(),
         cuda=torch.cuda.is_available(),
@@ -136,3 +138,8 @@ def build_space(probe: Probe, limits: Limits) -> Space:
         allocators=allocator_choices(limits),
         cache_shares=limits.cache_shares if any(c and cache_backend(c).in_memory for c in caches) else (),
     )
+    if limits.trial_memory is None:
+        return space
+    space, notes = fit_space(space, limits.trial_memory)  # MemoryTooSmall when not even the default fits
+    limits.notes.extend(notes)
+    return space

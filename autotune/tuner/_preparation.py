@@ -4,12 +4,14 @@ space, the measured subset, the files to evict, the batch size in bytes, and wha
 from __future__ import annotations
 
 import os
+import pickle
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from autotune._units import format_bytes
 from autotune.caches import default_root
+from autotune.config import DEFAULT
 from autotune.dataset import (
     UserSpec,
     check_sharding,
@@ -22,20 +24,22 @@ from autotune.dataset import (
 )
 from autotune.dataset._probe import Probe, probe_dataset, probe_indices, probe_stream
 from autotune.machine import (
+    BUDGET_SHARE,
     JobMemory,
     SourceFiles,
     build_workers,
-    default_budget,
     job_memory,
+    process_uss,
     shm_free,
     source_files,
-    tree_pss,
     usable_cpus,
 )
 from autotune.machine import _hardware as hardware
 from autotune.tuner._candidates import Limits, build_space, disk_free
 from autotune.tuner._measure import Plan, Workload
+from autotune.tuner._memory_plan import TrialMemory
 from autotune.tuner._options import Clock, SearchOptions
+from autotune.tuner._runner import forkserver_pid, waiting_forkserver
 from autotune.tuner._space import Space
 
 
@@ -84,14 +88,57 @@ def prepare(spec: UserSpec, opts: SearchOptions, clock: Clock | None = None) -> 
         return _prepare_map_style(spec, opts)
 
 
+class _Counter:
+    """A file that keeps only the count of the bytes written to it."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        return len(data)
+
+
+def pickled_size(value: object) -> int:
+    """The bytes of ``value``'s pickle, without holding them (a dataset held in memory pickles to its size);
+    0 where it cannot be pickled (trials then fork from this process and share its pages)."""
+    counter = _Counter()
+    try:
+        pickle.Pickler(counter, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    except Exception:  # noqa: BLE001 - an unpicklable dataset: the runner's fork fallback
+        return 0
+    return counter.size
+
+
+def trial_memory(spec: UserSpec, batch_bytes: int, ranks: int, max_memory: int | None) -> TrialMemory:
+    """The figures a trial's memory is planned from (``_memory_plan``): the budget (70% of what the job has
+    left once the trials' forkserver holds its imports, or ``--max-memory``), a fresh interpreter's private
+    memory, and the dataset as a trial unpickles it. A forkserver that has imported its preload is that
+    interpreter, measured. One still importing (it warms beside the preparation) has yet to take up to this
+    process's own private memory (an upper bound: this one holds the search's libraries and the dataset
+    too), which is taken off what is available."""
+    memory = job_memory()
+    ready = waiting_forkserver()
+    if ready is not None:
+        interpreter, available = process_uss(ready), memory.available
+    else:
+        interpreter = process_uss()
+        server = forkserver_pid()
+        available = memory.available - (max(0, interpreter - process_uss(server)) if server else 0)
+    return TrialMemory(budget=max_memory or int(max(0, available) * BUDGET_SHARE), interpreter=interpreter,
+                       dataset=pickled_size(spec.dataset), batch_bytes=batch_bytes, ranks=ranks,
+                       available=max(0, available), limit_text=memory.describe_limit())
+
+
 def _prepare_map_style(spec: UserSpec, opts: SearchOptions) -> Setup:
     hw = hardware.collect(ranks_per_node=opts.ranks_per_node)
     probe = probe_dataset(spec, seed=opts.seed)
     stateful = epoch_state_warning(spec.dataset)
     ranks = max(1, opts.ranks_per_node)
+    memory = trial_memory(spec, probe.batch_bytes, ranks, opts.max_memory)
     limits = Limits(
         usable_cpus=usable_cpus(ranks),
-        memory_budget=opts.max_memory or default_budget(),  # the node's: its N ranks' trials are checked together
+        memory_budget=memory.budget,  # the node's: its N ranks' trials are checked together
         disk_free=disk_free(opts.workdir, default_root()),
         # With N ranks, workers per rank may go up to the node's CPUs: the N ranks' loaders are measured
         # competing for them, so the measurement, not a division by N, decides.
@@ -100,12 +147,13 @@ def _prepare_map_style(spec: UserSpec, opts: SearchOptions) -> Setup:
         allocators=opts.allocators,
         stateful=stateful is not None,
         ranks=ranks,
-        process_memory=tree_pss(os.getpid()),  # a trial's process imports what this one did, and the dataset
+        process_memory=memory.need(DEFAULT) // ranks,  # a trial's own, beside a cache (tuner/_memory_plan.py)
+        trial_memory=memory,
     )
     if stateful:
         limits.notes.append(stateful)
     if not opts.max_memory:
-        _note_limit(limits)
+        _note_limit(limits, available=memory.available)
     space = build_space(probe, limits)
     trial_seconds = opts.trial_seconds or min(10.0, max(1.0, opts.budget / 50))
     count = subset_size(probe, spec.batch_size, trial_seconds, probe.step_seconds)
@@ -147,12 +195,15 @@ def with_subset(setup: Setup, spec: UserSpec, opts: SearchOptions, count: int) -
     return replace(setup, plan=plan)
 
 
-def _note_limit(limits: Limits, memory: JobMemory | None = None) -> None:
-    """Say where the memory budget comes from when a limit, not the host, sets it."""
+def _note_limit(limits: Limits, memory: JobMemory | None = None, available: int | None = None) -> None:
+    """Say where the memory budget comes from when a limit, not the host, sets it (``available``: what the
+    plan found left, ``trial_memory``)."""
     memory = memory or job_memory()
     if memory.limit is not None:
-        limits.notes.append(f"memory budget: {format_bytes(limits.memory_budget)}, 70% of what "
-                            f"{memory.describe_limit()} leaves this job now")
+        left = memory.available if available is None else available
+        limits.notes.append(f"memory budget: {format_bytes(limits.memory_budget)}, 70% of the "
+                            f"{format_bytes(left)} {memory.describe_limit()} leaves this job once the "
+                            "search and its trial server hold their imports")
 
 
 def _note_sources(sources: SourceFiles, limits: Limits) -> None:
@@ -173,9 +224,11 @@ def prepare_stream(spec: UserSpec, opts: SearchOptions, clock: Clock) -> Setup:
     hw = hardware.collect(ranks_per_node=opts.ranks_per_node)
     known = spec.samples_per_epoch or stream_length(spec.dataset)
     probe = probe_stream(spec, known)
+    memory = trial_memory(spec, probe.batch_bytes, max(1, opts.ranks_per_node), opts.max_memory)
     limits = Limits(
         usable_cpus=usable_cpus(opts.ranks_per_node),
-        memory_budget=opts.max_memory or default_budget(),
+        memory_budget=memory.budget,
+        trial_memory=memory,
         disk_free=disk_free(opts.workdir, default_root()),
         max_workers=opts.max_workers,
         caches=("none",),

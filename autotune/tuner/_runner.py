@@ -4,6 +4,12 @@ A trial process is forked from a forkserver that imported torch but never ran an
 it starts in ~0.2 s, starts clean (allocator state, thread pools, mallopt settings do not leak from one
 candidate to the next), and can be killed with all its DataLoader workers when it crashes, hangs,
 overruns its time, exceeds the memory budget, or is pruned.
+
+A broken trial never stops the search: every way a trial ends is a ``TrialFailed`` or ``TrialPruned``
+the search records. That holds for the kernel's OOM killer too: the trial process and the forkserver
+make themselves its first choice (``machine._oom``: the trial's DataLoader workers, and any forkserver or
+spawned process it starts, inherit the score), so an OOM in the job ends a trial, never the search, and
+a trial that died of one is recorded with one line naming the job's memory limit.
 """
 
 from __future__ import annotations
@@ -16,18 +22,20 @@ import pickle
 import re
 import signal
 import sys
+import tempfile
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import psutil
 
 from autotune._units import format_bytes
-from autotune.caches import ensure_root, remove_trial_folder, trial_folder
+from autotune.caches import ensure_root, remove_leftovers, remove_trial_folder, trial_folder
 from autotune.config import LoaderConfig
 from autotune.loader import READING
-from autotune.machine import tree_pss, tree_rss
+from autotune.machine import job_memory, make_expendable, oom_kills, tree_pss, tree_rss
 from autotune.process import get_allocator, launch_env
 from autotune.tuner._lifecycle import watch_parent
 from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
@@ -47,8 +55,44 @@ def warm_forkserver() -> None:
 
         multiprocessing.get_context("forkserver").set_forkserver_preload(_PRELOAD)
         forkserver.ensure_running()
+        _expendable_forkserver()
     except Exception:  # noqa: BLE001 - no forkserver here: the runner falls back as it always did
         pass
+
+
+def forkserver_pid() -> int | None:
+    """The pid of this process's multiprocessing forkserver, None when none runs."""
+    try:
+        from multiprocessing import forkserver
+
+        server: Any = forkserver._forkserver  # private: there is no public way to ask
+        pid = server._forkserver_pid
+    except Exception:  # noqa: BLE001 - another Python's internals
+        return None
+    return int(pid) if pid else None
+
+
+def waiting_forkserver() -> int | None:
+    """The forkserver's pid once it has imported its preload and waits for requests (asleep in its poll),
+    None while it still imports, or where none runs (``/proc/PID/wchan``; Linux)."""
+    pid = forkserver_pid()
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            waits = f.read()
+    except OSError:
+        return None
+    return pid if "poll" in waits or "select" in waits else None
+
+
+def _expendable_forkserver() -> None:
+    """The trials' forkserver is the OOM killer's first choice too (``machine._oom``): it holds a whole
+    interpreter, and multiprocessing starts a new one when it is gone. Raised from outside: nothing runs in
+    it before its preload, and a new one is started whenever the old one died."""
+    pid = forkserver_pid()
+    if pid is not None:
+        make_expendable(pid)
 
 
 class TrialFailed(Exception):
@@ -122,7 +166,7 @@ def what_hangs(pids: list[int], logs: list[str | None], wait: float = 0.5) -> st
     return f"dataset[{index}] had not returned after {seconds:.0f} s (a read that hangs?)"
 
 
-def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict[str, Any], plan: Plan,
+def _trial_main(conn: Any, workload_file: str | None, sys_path: list[str], config: dict[str, Any], plan: Plan,
                 fork_fallback: bool, log_path: str | None = None, together: bool = False) -> None:
     if log_path:
         # The trial's and its workers' prints (torch's worker errors, C++ aborts) go to its log, not
@@ -133,6 +177,7 @@ def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict
         os.close(log)
     global _TRIAL_PID
     _TRIAL_PID = os.getpid()
+    make_expendable()  # before the workload is unpickled: the kernel ends this tree, not the search (machine._oom)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     signal.signal(signal.SIGUSR1, _say_reading)  # forked workers inherit it
     _release_forkserver()
@@ -146,7 +191,11 @@ def _trial_main(conn: Any, blob: bytes | None, sys_path: list[str], config: dict
             import torch
 
             torch.set_num_threads(1)  # the parent may have used OpenMP, which is not fork-safe
-        workload = _INHERITED if blob is None else pickle.loads(blob)
+        if workload_file is None:
+            workload = _INHERITED
+        else:
+            with open(workload_file, "rb") as f:
+                workload = pickle.load(f)
         assert workload is not None, "a forked trial inherits the workload the runner set"
         conn.send(("ready",))  # the give-up clock starts here, not while the dataset is unpickled
         if together and conn.recv() != "go":
@@ -244,6 +293,12 @@ def kill_tree(pid: int, grace: float = 3.0) -> None:
     psutil.wait_procs(trackers, timeout=5)
 
 
+def oom_reason(reason: str) -> str:
+    """A trial the kernel's OOM killer ended, in one line naming the job's memory limit."""
+    return (f"killed by the kernel's out-of-memory killer inside {job_memory().describe_limit()} ({reason}); "
+            "the search goes on with the other candidates")
+
+
 def _death_reason(exitcode: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         name = signal.Signals(-exitcode).name
@@ -312,12 +367,26 @@ class Runner:
     """Starts trial processes for one workload (a ``TrialRunner``)."""
 
     def __init__(self, workload: Workload, sys_path: list[str] | None = None, memory_limit: int | None = None,
-                 ranks: int = 1):
+                 ranks: int = 1, spool: str | os.PathLike[str] | None = None):
+        """``spool``: where the workload is pickled into a file for the trials, in a folder of its own named
+        as trial folders are (``caches._trials``: one a search killed outright left there is removed by the
+        next runner); a temporary file by default. The search holds no copy of its bytes (an in-memory
+        dataset's size), and none crosses the forkserver's pipe at each trial's start."""
         self.sys_path = list(sys_path or [])
         self.memory_limit = memory_limit  # for all ranks of a trial together
         self.ranks = max(1, int(ranks))
         try:
-            self.blob: bytes | None = pickle.dumps(workload)
+            folder = None
+            if spool is not None:
+                remove_leftovers(spool)
+                folder = trial_folder(spool)
+            try:
+                self.workload_file: str | None = _spool(workload, folder)
+            except BaseException:
+                if folder is not None:
+                    remove_trial_folder(folder)
+                raise
+            weakref.finalize(self, _remove_spool, self.workload_file, folder)
             self.ctx: Any = multiprocessing.get_context("forkserver")
             self.ctx.set_forkserver_preload(_PRELOAD)
             self.fork_fallback = False
@@ -331,7 +400,7 @@ class Runner:
             )
             global _INHERITED
             _INHERITED = workload
-            self.blob = None
+            self.workload_file = None
             self.ctx = multiprocessing.get_context("fork")
             self.fork_fallback = True
 
@@ -349,6 +418,7 @@ class Runner:
         ctx, env = self._context_for(config)
         ranks: list[_Rank] = []
         trial_dir = None
+        kills = oom_kills()
         try:
             if plan.cache_root:
                 # One folder for the candidate: its ranks share it, as a node's ranks share the factory's
@@ -364,17 +434,25 @@ class Runner:
                 receiver, sender = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
                     target=_trial_main,
-                    args=(sender, self.blob, self.sys_path, config.to_json(), rank_plan, self.fork_fallback, rank_log,
+                    args=(sender, self.workload_file, self.sys_path, config.to_json(), rank_plan, self.fork_fallback,
+                          rank_log,
                           self.ranks > 1),
                     name=f"autotune-trial-{r}",
                 )
                 ranks.append(_Rank(proc, receiver, rank_log))
                 with _environment(env):
                     proc.start()
+                if ctx is self.ctx and not self.fork_fallback:
+                    _expendable_forkserver()  # multiprocessing restarts a dead one: that one too
                 sender.close()
             if give_up_after is not None and env is not None:
                 give_up_after += 5.0  # a spawned interpreter's start-up is not part of the measured figure
             result = self._watch(ranks, timeout, should_prune, give_up_after)
+        except (TrialFailed, OSError, EOFError) as exc:  # a start the forkserver's death broke, too
+            if oom_kills() > kills:
+                raise TrialFailed(oom_reason(failure_reason(exc) if not isinstance(exc, TrialFailed)
+                                             else str(exc))) from None
+            raise
         finally:
             for rank in ranks:
                 rank.receiver.close()
@@ -478,12 +556,35 @@ class Runner:
         settings = config.process_settings()
         if not get_allocator(settings.allocator).preloaded:
             return self.ctx, None
-        if self.blob is None:
+        if self.workload_file is None:
             raise TrialFailed(f"{settings.allocator} needs a fresh process, and the dataset cannot be pickled")
         env, notes = launch_env(settings, os.environ)
         if notes:
             raise TrialFailed("; ".join(notes))
         return multiprocessing.get_context("spawn"), env
+
+
+def _spool(workload: Workload, folder: str | None) -> str:
+    """``workload`` pickled straight into a new private file under ``folder``; its path."""
+    fd, path = tempfile.mkstemp(prefix="autotune-workload-", suffix=".pickle", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(workload, f, protocol=pickle.HIGHEST_PROTOCOL)
+    except BaseException:
+        _unlink(path)
+        raise
+    return path
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _remove_spool(path: str, folder: str | None) -> None:
+    _unlink(path)
+    if folder is not None:
+        remove_trial_folder(folder)
 
 
 @contextlib.contextmanager

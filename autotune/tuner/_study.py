@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 
 from autotune._units import format_bytes, format_seconds
-from autotune.caches import remove_leftovers
+from autotune.caches import estimate_need, remove_leftovers
 from autotune.config import LoaderConfig, cache_backend, usual_advice
 from autotune.dataset import Probe, UserSpec
 from autotune.errors import AutotuneError, MeasurementError
@@ -160,6 +160,7 @@ class Search:
         self.repeats = 0  # points drawn again in a row: the sampler has converged
         self.asked = 0  # trials asked by this search (a resumed study holds earlier ones)
         self.shm_limited: list[str] = []  # candidates /dev/shm ruled out
+        self.memory_limited: list[str] = []  # candidates the memory plan did not start (tuner/_memory_plan.py)
         self.cpu_start = cpu_times()  # CPU steal is counted from here
         self.load_start: float | None = None
         with contextlib.suppress(OSError):
@@ -173,7 +174,8 @@ class Search:
         self.setup = self._setup or prepare(self.spec, self.opts, self.clock)
         setup = self.setup
         self.runner: TrialRunner = self._runner or Runner(setup.workload, self.spec.sys_path,
-                                             memory_limit=setup.limits.memory_budget, ranks=setup.ranks)
+                                                          memory_limit=setup.limits.memory_budget, ranks=setup.ranks,
+                                                          spool=Path(self.opts.workdir) / "workloads")
         if setup.plan.cache_root:
             removed = remove_leftovers(setup.plan.cache_root)
             if removed:
@@ -246,12 +248,30 @@ class Search:
             with _storage.heartbeat(self.storage, self.study, trial):
                 self.run_trial(trial)
             self.progress.update(_status(self.study))
+        if self.memory_limited:
+            memory = self.setup.limits.trial_memory
+            self.setup.limits.notes.append(
+                f"memory limits this job: {len(self.memory_limited)} candidate(s) not tried, e.g. "
+                f"{self.memory_limited[0]} (over the budget of {format_bytes(self.setup.limits.memory_budget)}"
+                f"{', ' + memory.limit_text if memory else ''})")
         if self.shm_limited:
             self.setup.limits.notes.append(
                 f"/dev/shm limits this machine: {len(self.shm_limited)} candidate(s) ruled out, e.g. "
                 f"{self.shm_limited[0]} ({format_bytes(self.setup.batch_bytes)} batches, "
                 f"{format_bytes(self.setup.shm_free or 0)} of /dev/shm free)"
             )
+
+    def over_memory(self, config: LoaderConfig) -> str | None:
+        """Why ``config``'s trial is not started: its processes and its memory cache of the whole run would
+        not fit the job's budget (``tuner/_memory_plan.py``); None when they would, or nothing was planned."""
+        memory, probe = self.setup.limits.trial_memory, self.setup.probe
+        if memory is None:
+            return None
+        cache = 0
+        if config.cache is not None and cache_backend(config.cache).in_memory:
+            whole = estimate_need(config.cache, probe.sample_bytes, probe.length)[0]
+            cache = int(whole * (config.cache_share or 1.0))
+        return memory.over_budget(config, cache)
 
     def trial_timeout(self, number: int | None = None) -> float:
         """The limit of the ``number``-th trial asked (the current one by default): the plan's, capped by the
@@ -297,6 +317,12 @@ class Search:
         reason = shm_rule(config.num_workers, config.prefetch_factor, setup.batch_bytes, free)
         if reason is not None:
             self.shm_limited.append(config.describe())
+            _storage.set_attr(trial, "reason", reason)
+            _storage.tell(study, trial, state=optuna.trial.TrialState.FAIL)
+            return
+        reason = self.over_memory(config)
+        if reason is not None:
+            self.memory_limited.append(config.describe())
             _storage.set_attr(trial, "reason", reason)
             _storage.tell(study, trial, state=optuna.trial.TrialState.FAIL)
             return

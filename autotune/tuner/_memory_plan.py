@@ -1,0 +1,135 @@
+"""What a trial costs in memory, planned against the job's budget before the trial starts.
+
+The invariant: **the search never exceeds the job's memory by its own planning.** The budget is 70% of
+what the job had left once the search and its trial forkserver were resident (``machine._memory``); every
+candidate's processes are counted against it before any is started, from figures the running search
+measured, and what cannot fit is not tried, with a note, instead of being left to the kernel's OOM killer
+(which ends a trial, never the search: ``machine._oom``). A trial holds:
+
+- an interpreter with torch and the trial's modules: a trial forked from the forkserver shares the server's
+  pages, but its memory is measured (the runner's guard, the recipe's peak) as the PSS of its tree, where the
+  shared interpreter counts about whole, as it does in the user's own training process;
+- the dataset as it unpickles it, its heap (``TRIAL_HEAP``) and ``BATCHES_IN_MAIN`` batches (the one being
+  consumed and the one collated or received);
+- per DataLoader worker, its prefetched batches (``prefetch_factor`` of them, in shared memory the job is
+  charged for) and its own heap (``WORKER_HEAP``); a spawned or forkserver worker is a fresh interpreter
+  holding its own copy of the dataset, and forkserver workers add their server's interpreter once;
+- a memory cache of the whole run (its share of it), as the recipe will hold it;
+- all of it once per rank.
+
+``fit_space`` narrows the space to what fits (workers, start methods) with a note for
+each cut, and refuses a job where not even the smallest trial fits (exit 2, naming the limit, what was
+available and the fix); ``TrialMemory.over_budget`` is asked before each trial for the combinations left.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from autotune._units import format_bytes
+from autotune.config import DEFAULT, LoaderConfig
+from autotune.errors import AutotuneError
+from autotune.machine import BUDGET_SHARE
+from autotune.tuner._space import Space
+
+__all__ = ["BATCHES_IN_MAIN", "TRIAL_HEAP", "WORKER_HEAP", "MemoryTooSmall", "TrialMemory", "fit_space"]
+
+MIB = 1 << 20
+# Measured here (the JPEG example, 2 forked workers, prefetch 2): a worker held 52-56 MiB of private pages
+# with one 38 MiB batch in flight, so ~14-18 MiB of its own; the trial process with no workers grew 11 MiB.
+WORKER_HEAP = 16 * MIB
+TRIAL_HEAP = 16 * MIB
+BATCHES_IN_MAIN = 2
+FRESH_CONTEXTS = ("spawn", "forkserver")  # DataLoader start methods whose workers are fresh interpreters
+
+
+class MemoryTooSmall(AutotuneError):
+    """Not even the smallest trial fits the job's memory."""
+
+
+@dataclass(frozen=True)
+class TrialMemory:
+    """The figures a trial's memory is planned from, measured by the running search."""
+
+    budget: int  # what one candidate's processes may hold together (every rank's)
+    interpreter: int  # a fresh interpreter with torch and the trial's modules (the forkserver's USS)
+    dataset: int  # the workload as a trial unpickles it (its pickle's length)
+    batch_bytes: int
+    ranks: int = 1
+    available: int = 0  # what the job had left when the budget was read, for the messages
+    limit_text: str = "the host's memory"  # JobMemory.describe_limit()
+
+    def worker(self, context: str | None, prefetch: int | None) -> int:
+        """One DataLoader worker's own memory."""
+        own = (prefetch or 2) * self.batch_bytes + WORKER_HEAP
+        return own + (self.interpreter + self.dataset if context in FRESH_CONTEXTS else 0)
+
+    def need(self, config: LoaderConfig, cache_bytes: int = 0) -> int:
+        """What a trial of ``config`` holds at its peak, every rank together; ``cache_bytes``: one rank's
+        memory cache of the whole run."""
+        main = self.interpreter + TRIAL_HEAP + self.dataset + BATCHES_IN_MAIN * self.batch_bytes
+        n = config.num_workers
+        workers = n * self.worker(config.multiprocessing_context, config.prefetch_factor)
+        if n and config.multiprocessing_context == "forkserver":
+            workers += self.interpreter  # the DataLoader's own forkserver
+        return max(1, self.ranks) * (main + workers + cache_bytes)
+
+    def over_budget(self, config: LoaderConfig, cache_bytes: int = 0) -> str | None:
+        """Why a trial of ``config`` is not started (one line), or None when it fits the budget."""
+        need = self.need(config, cache_bytes)
+        if need <= self.budget:
+            return None
+        ranks = f" ({self.ranks} ranks together)" if self.ranks > 1 else ""
+        return (f"not tried: it would hold ~{format_bytes(need)}{ranks}, over the memory budget of "
+                f"{format_bytes(self.budget)} ({self.limit_text})")
+
+    def too_small(self) -> str:
+        """The one line for a job where not even the plain default's trial fits."""
+        need = self.need(DEFAULT)
+        # The budget is a share of what the job has left: that must grow to need / share (a budget the user set
+        # with --max-memory must grow by what is missing).
+        short = max(need - self.budget, int(need / BUDGET_SHARE) - self.available)
+        return (f"Not even the smallest trial (num_workers=0, no cache) fits this job's memory: {self.limit_text} "
+                f"leaves {format_bytes(self.available)} available to the search, whose budget of "
+                f"{format_bytes(self.budget)} is below the ~{format_bytes(need)} a trial holds (an interpreter of "
+                f"{format_bytes(self.interpreter)}, its dataset, heap and {BATCHES_IN_MAIN} batches of "
+                f"{format_bytes(self.batch_bytes)}). Raise the memory limit by at least "
+                f"~{format_bytes(short)} (or --max-memory), or search with a smaller "
+                "batch size.")
+
+
+def _most_workers(memory: TrialMemory, space: Space, context: str) -> int:
+    """The most workers of ``context`` that fit, at the smallest prefetch the space tries."""
+    prefetch = min(space.prefetch_factors)
+    most = 0
+    for n in range(1, space.max_workers + 1):
+        config = LoaderConfig(num_workers=n, prefetch_factor=prefetch, multiprocessing_context=context)
+        if memory.need(config) > memory.budget:
+            break
+        most = n
+    return most
+
+
+def fit_space(space: Space, memory: TrialMemory) -> tuple[Space, list[str]]:
+    """``space`` less what cannot fit ``memory``'s budget, and a note for each cut; ``MemoryTooSmall`` when
+    not even the plain default fits."""
+    if memory.need(DEFAULT) > memory.budget:
+        raise MemoryTooSmall(memory.too_small())
+    notes: list[str] = []
+    budget = format_bytes(memory.budget)
+    most = {context: _most_workers(memory, space, context) for context in space.contexts}
+    workers = max(most.values(), default=0)
+    contexts = tuple(c for c in space.contexts if most[c] > 0) or space.contexts
+    if workers:
+        for left in (c for c in space.contexts if c not in contexts):
+            fresh = "a fresh interpreter" + (" and a server" if left == "forkserver" else "")
+            notes.append(f"memory: start method {left} left out: each worker is {fresh} "
+                         f"(~{format_bytes(memory.worker(left, min(space.prefetch_factors)))}), which does not "
+                         f"fit the budget of {budget}")
+    if workers < space.max_workers:
+        each = format_bytes(memory.worker("fork", min(space.prefetch_factors)))
+        notes.append(f"memory: num_workers at most {workers} (of {space.max_workers}): each worker holds ~{each} "
+                     f"(its prefetched batches and heap), within the budget of {budget} ({memory.limit_text}); "
+                     "a configuration beyond it is not tried")
+    fitted = replace(space, max_workers=workers, contexts=contexts)
+    return fitted, notes

@@ -1,0 +1,180 @@
+"""The search plans its trials within the job's memory budget (tuner/_memory_plan.py), in memory: fake budgets,
+exact exclusions and messages; the search loop never starts a candidate over the budget; and the processes
+autotune starts for trials are the OOM killer's first choice (machine/_oom.py), read back from /proc."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+
+import pytest
+
+from autotune.config import DEFAULT, LoaderConfig
+from autotune.errors import AutotuneError
+from autotune.machine._oom import EXPENDABLE, oom_kills, oom_score_adj
+from autotune.tuner._candidates import Limits, build_space
+from autotune.tuner._memory_plan import MemoryTooSmall, TrialMemory, fit_space
+from autotune.tuner._space import Space
+
+MIB = 1 << 20
+# A trial with no workers: a 100 MiB interpreter + 16 MiB heap + 4 MiB dataset + 2 batches of 10 MiB = 140 MiB.
+# A forked worker at prefetch 1: 10 + 16 = 26 MiB; a spawned one adds an interpreter and the dataset: 130 MiB.
+MEMORY = TrialMemory(budget=300 * MIB, interpreter=100 * MIB, dataset=4 * MIB, batch_bytes=10 * MIB,
+                     available=429 * MIB, limit_text="the cgroup memory limit of 700.0 MiB (test)")
+SPACE = Space(max_workers=8, contexts=("fork", "forkserver", "spawn"), prefetch_factors=(1, 2, 4, 8))
+
+
+def test_the_need_of_each_kind_of_trial():
+    assert MEMORY.need(DEFAULT) == 140 * MIB
+    assert MEMORY.need(LoaderConfig(num_workers=3, prefetch_factor=1)) == 140 * MIB + 3 * 26 * MIB
+    assert MEMORY.need(LoaderConfig(num_workers=1, prefetch_factor=8)) == 140 * MIB + 96 * MIB
+    assert MEMORY.need(LoaderConfig(num_workers=1, prefetch_factor=1, multiprocessing_context="spawn")) == 270 * MIB
+    # forkserver workers: each a fresh interpreter, and their server once
+    assert MEMORY.need(LoaderConfig(num_workers=2, prefetch_factor=1,
+                                    multiprocessing_context="forkserver")) == 140 * MIB + 2 * 130 * MIB + 100 * MIB
+    assert MEMORY.need(DEFAULT, cache_bytes=50 * MIB) == 190 * MIB
+    assert replace(MEMORY, ranks=2).need(DEFAULT, cache_bytes=50 * MIB) == 380 * MIB  # every rank's own
+
+
+def test_fit_space_cuts_workers_and_start_methods_with_a_note_each():
+    fitted, notes = fit_space(SPACE, MEMORY)
+    assert fitted == replace(SPACE, max_workers=6, contexts=("fork", "spawn"))  # 140 + 6 x 26; 140 + 130
+    assert notes == [
+        "memory: start method forkserver left out: each worker is a fresh interpreter and a server (~130.0 MiB), "
+        "which does not fit the budget of 300.0 MiB",
+        "memory: num_workers at most 6 (of 8): each worker holds ~26.0 MiB (its prefetched batches and heap), "
+        "within the budget of 300.0 MiB (the cgroup memory limit of 700.0 MiB (test)); a configuration beyond "
+        "it is not tried",
+    ]
+
+
+def test_its_neighbours_a_roomy_budget_cuts_nothing_and_a_byte_less_cuts_one_worker():
+    roomy = replace(MEMORY, budget=64 << 30)
+    assert fit_space(SPACE, roomy) == (SPACE, [])
+    exact = replace(MEMORY, budget=140 * MIB + 6 * 26 * MIB)  # the sixth worker fits to the byte
+    assert fit_space(SPACE, exact)[0].max_workers == 6
+    assert fit_space(SPACE, replace(exact, budget=exact.budget - 1))[0].max_workers == 5
+    # one spawned worker fits to the byte (140 + 130): spawn stays, forkserver (and its server) does not
+    fitted, _ = fit_space(SPACE, replace(MEMORY, budget=270 * MIB))
+    assert fitted.contexts == ("fork", "spawn") and fitted.max_workers == 5
+    fitted, _ = fit_space(SPACE, replace(MEMORY, budget=270 * MIB - 1))
+    assert fitted.contexts == ("fork",)
+    # no worker fits at all: the space is the default's, the start methods left as they were (never asked)
+    fitted, notes = fit_space(SPACE, replace(MEMORY, budget=150 * MIB))
+    assert fitted.max_workers == 0 and fitted.contexts == SPACE.contexts
+    assert notes == ["memory: num_workers at most 0 (of 8): each worker holds ~26.0 MiB (its prefetched batches "
+                     "and heap), within the budget of 150.0 MiB (the cgroup memory limit of 700.0 MiB (test)); a "
+                     "configuration beyond it is not tried"]
+
+
+def test_not_even_the_default_fits_is_one_line_naming_the_limit_what_is_available_and_the_fix():
+    small = replace(MEMORY, budget=139 * MIB, available=200 * MIB)
+    with pytest.raises(MemoryTooSmall) as caught:
+        fit_space(SPACE, small)
+    assert isinstance(caught.value, AutotuneError) and caught.value.exit_code == 2
+    assert str(caught.value) == (
+        "Not even the smallest trial (num_workers=0, no cache) fits this job's memory: the cgroup memory limit "
+        "of 700.0 MiB (test) leaves 200.0 MiB available to the search, whose budget of 139.0 MiB is below the "
+        "~140.0 MiB a trial holds (an interpreter of 100.0 MiB, its dataset, heap and 2 batches of 10.0 MiB). "
+        "Raise the memory limit by at least ~1.0 MiB (or --max-memory), or search with a smaller batch size.")
+    # nothing left at all: the job must grow until 70% of what is left holds the trial (140 / 0.7 = 200 MiB)
+    empty = str(MemoryTooSmall(replace(small, budget=0, available=0).too_small()))
+    assert "leaves 0 B available to the search, whose budget of 0 B is below the ~140.0 MiB" in empty
+    assert "Raise the memory limit by at least ~200.0 MiB (or --max-memory)" in empty
+    assert fit_space(SPACE, replace(small, budget=140 * MIB))[0].max_workers == 0  # the default to the byte fits
+
+
+def test_over_budget_names_the_need_and_the_budget():
+    assert MEMORY.over_budget(LoaderConfig(num_workers=3, prefetch_factor=1)) is None
+    assert MEMORY.over_budget(LoaderConfig(num_workers=3, prefetch_factor=8)) == (
+        "not tried: it would hold ~428.0 MiB, over the memory budget of 300.0 MiB (the cgroup memory limit of "
+        "700.0 MiB (test))")
+    assert MEMORY.over_budget(DEFAULT, cache_bytes=161 * MIB) is not None  # a memory cache of the whole run counts
+    assert MEMORY.over_budget(DEFAULT, cache_bytes=160 * MIB) is None
+    assert "(2 ranks together)" in (replace(MEMORY, ranks=2).over_budget(DEFAULT, cache_bytes=30 * MIB) or "")
+
+
+def test_build_space_applies_the_plan_and_notes_it():
+    from test_search_core import _setup
+
+    probe = _setup().probe
+    limits = Limits(usable_cpus=8, memory_budget=MEMORY.budget, disk_free=10**12, caches=("none",),
+                    allocators=("glibc",), trial_memory=MEMORY)
+    space = build_space(probe, limits)
+    assert space.max_workers == 6
+    assert sum(n.startswith("memory: num_workers at most 6 (of 8)") for n in limits.notes) == 1
+    with pytest.raises(MemoryTooSmall):
+        build_space(probe, replace(limits, trial_memory=replace(MEMORY, budget=MIB), notes=[]))
+
+
+def test_the_search_never_starts_a_candidate_over_the_budget(tmp_path):
+    """The loop asks the plan before every trial: a combination the space could not cut (many workers at a
+    large prefetch, a memory cache) is failed with its reason, never handed to the runner."""
+    from test_search_core import FakeRunner, _opts, _setup, _spec
+
+    from autotune.tuner._study import search
+
+    space = Space(max_workers=3, contexts=("fork",), prefetch_factors=(1, 8), caches=(None, "memory"),
+                  allocators=("glibc",))
+    setup = _setup(space)
+    # the probe's memory cache of the whole run: 1000 samples of 100 B, far below the budget
+    setup.limits.trial_memory = MEMORY
+    runner = FakeRunner()
+    outcome = search(_spec(), _opts(tmp_path, max_trials=24), setup=setup, runner=runner)
+    assert runner.calls and all(MEMORY.need(c) <= MEMORY.budget for c in runner.calls)
+    refused = [r for r in outcome.failed if r.startswith("not tried: it would hold ~")]
+    assert refused, outcome.failed  # prefetch 8 with 2 or 3 workers was drawn and refused
+    assert any(n.startswith(f"memory limits this job: {len(refused)} candidate(s) not tried, e.g. ")
+               for n in outcome.notes), outcome.notes
+
+
+def test_a_trial_and_its_forkserver_are_the_oom_killers_first_choice_and_the_search_is_not_changed():
+    from autotune.tuner import _runner
+
+    before = oom_score_adj()
+    if before is None:
+        pytest.skip("no /proc/self/oom_score_adj here")
+    _runner.warm_forkserver()
+    server = _runner.forkserver_pid()
+    assert server is not None and oom_score_adj(server) == EXPENDABLE
+    deadline = time.monotonic() + 120  # its preload imported, it waits for requests: the plan's measured figure
+    while _runner.waiting_forkserver() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _runner.waiting_forkserver() == server
+    assert oom_score_adj() == before  # the search's own process (the user's, under autotune.search) untouched
+    assert isinstance(oom_kills(), int)
+    assert os.getpid() != server
+
+
+def test_the_search_keeps_no_copy_of_the_workload_it_hands_its_trials(tmp_path):
+    """The workload is pickled straight into a private file the trials read: the runner holds its path, not its
+    bytes (an in-memory dataset's size); the file is in a folder of its own, named as trial folders are, which
+    goes with the runner; one a killed search left is removed by the next runner."""
+    import gc
+    import pickle
+    from pathlib import Path
+
+    from autotune.caches._own import is_own, mark
+    from autotune.caches._trials import _host, is_leftover
+    from autotune.tuner._measure import Workload
+    from autotune.tuner._runner import Runner
+
+    dead = tmp_path / "work" / f"trial-{_host()}-999999999-abc"  # a search killed outright left it
+    dead.mkdir(parents=True)
+    mark(str(dead), "trial")
+    workload = Workload(dataset=list(range(100_000)), batch_size=8, epochs=1)
+    runner = Runner(workload, spool=tmp_path / "work")
+    assert not dead.exists()
+    path = runner.workload_file
+    assert path is not None and os.path.dirname(os.path.dirname(path)) == str(tmp_path / "work")
+    folder = Path(os.path.dirname(path))
+    assert is_own(folder) and folder.name.startswith(f"trial-{_host()}-{os.getpid()}-")
+    assert not is_leftover(folder)  # this search is alive
+    assert os.stat(path).st_mode & 0o077 == 0  # this user's alone
+    with open(path, "rb") as f:
+        assert pickle.load(f).dataset == workload.dataset
+    assert not any(isinstance(v, bytes) and len(v) > 1000 for v in vars(runner).values())
+    del runner
+    gc.collect()
+    assert not os.path.exists(path) and not folder.exists()
