@@ -62,9 +62,11 @@ def test_python_m_autotune_and_version(tmp_path):
     import autotune
 
     for argv in (["-m", "autotune", "--version"], ["-m", "autotune", "--debug", "--version"]):
-        done = subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        done = subprocess.run([sys.executable, "-X", "importtime", *argv], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
         assert (done.returncode, done.stdout.strip()) == (0, f"autotune {autotune.__version__}")
+        imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+        assert "autotune.cli._main" in imported and "torch" not in imported  # --version answers at once
     done = subprocess.run([sys.executable, "-m", "autotune", "show", "--help"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0 and "usage: autotune show" in done.stdout

@@ -56,15 +56,16 @@ def process_started() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     started = None
-    if argv is None:  # the command itself (console script, python -m autotune), not a call from Python
+    command = argv is None  # the command itself (console script, python -m autotune), not a call from Python
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if [a for a in argv if a != "--debug"] == ["--version"]:  # before the subcommands and the watchdog load torch
+        print(f"autotune {__version__}")
+        return 0
+    if command:
         from autotune.dataset._watchdog import own_the_process
 
         own_the_process()
         started = process_started()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv == ["--version"]:  # answered before the subcommands (and torch) are imported
-        print(f"autotune {__version__}")
-        return 0
     # --debug is accepted anywhere before `--`, so `autotune search x.py --debug` works too, while
     # `autotune run -- python train.py --debug` leaves it to the user's program.
     cut = argv.index("--") if "--" in argv else len(argv)
