@@ -129,6 +129,24 @@ def test_a_settled_policy_reopens_on_a_drift_and_on_a_new_bottleneck():
     assert d.event == "reopen" and d.config == W2.refit(prefetch_factor=4)
 
 
+def test_a_drift_before_settling_clears_the_rejections_judged_before_it():
+    """benchmarks/adapt.py's competitor, measured: the moves were rejected on a quiet machine, the
+    competitor started on the epoch the policy had left only to settle on, and that slow epoch became the
+    reference: the run never reopened, while one move (fewer workers, here) was 1.6x faster by then."""
+    policy = Policy(W2, max_workers=2)  # moves: fewer workers, less prefetch, more prefetch
+    quiet = {W2: 10.0, W1: 12.0, W2.refit(prefetch_factor=1): 12.0, W2.refit(prefetch_factor=4): 12.0}
+    got = run(policy, [lambda c: obs(c, quiet[c], stall=0.0)] * 5)
+    assert got == [("warm-up", W2), ("try", W1), ("revert", W2), ("try", W2.refit(prefetch_factor=1)),
+                   ("revert", W2)]
+    d = policy.decide(obs(W2, 30.0, stall=0.0))  # the competitor: three times slower
+    assert (d.event, d.config) == ("reopen", W1) and "30.00 ms a batch against 10.00 before" in d.line
+    assert policy.decide(obs(W1, 18.0, stall=0.0)).event == "keep" and policy.incumbent == W1
+    within = Policy(W2, max_workers=2)  # a change within DRIFT rejects nothing again
+    run(within, [lambda c: obs(c, {W2: 10.0}.get(c, 12.0), stall=0.0)] * 5)
+    assert within.decide(obs(W2, 11.0, stall=0.0)) == Decision(
+        W2.refit(prefetch_factor=4), "try", "trying more prefetch: " + W2.refit(prefetch_factor=4).describe())
+
+
 def test_observe_never_moves_and_a_refused_or_callers_setting_is_never_tried():
     observer = Policy(W2, max_workers=4, observe=True)
     assert {d for d, _ in run(observer, [lambda c: obs(c, 10.0)] * 4)} == {"observe"}

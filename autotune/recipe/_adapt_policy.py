@@ -20,7 +20,8 @@ The rules (a hill climb, as tf.data's and MindSpore's, with a significance test)
    the incumbent's own change between its last two epochs. Otherwise the next epoch reverts.
 3. After ``MAX_REJECTIONS`` rejections in a row, or with no move left, the policy settles: the
    incumbent stays, and its figure is watched; a change beyond ``DRIFT`` (and the noise), or the stall
-   crossing ``STALL_HIGH``, reopens the search from the incumbent.
+   crossing ``STALL_HIGH``, reopens the search from the incumbent. The same change between two of the
+   incumbent's epochs before it settles clears the rejections: they were judged under other conditions.
 4. ``observe`` mode measures and never moves. A move ``allowed`` refuses (memory, /dev/shm) is skipped;
    a configuration whose workers failed (``crashed``) is never tried again in the run.
 
@@ -236,7 +237,25 @@ class Policy:
             return Decision(self.incumbent, "revert", f"back to {self.incumbent.describe()}")
         if self.settled:
             return self._watch(stats)
+        drifted = self._drifted(stats)
+        if drifted:
+            decision = self._next_move(self.stats[self.incumbent])
+            return Decision(decision.config, "reopen", f"{drifted}; {decision.line}")
         return self._next_move(stats)
+
+    def _drifted(self, incumbent: _Stats) -> str | None:
+        """Rule 3's drift, before settling too: the incumbent's latest epoch against its previous one. The
+        moves rejected so far were judged under the conditions before (a competitor that starts, a step
+        that grows), so they may be tried again, and the incumbent's figure starts from the new one;
+        without this a run settling on the first slow epoch took it for the reference and never reopened."""
+        if len(incumbent.epochs) < 2:
+            return None
+        now, before = incumbent.epochs[-1], incumbent.epochs[-2]
+        if abs(math.log(now / before)) <= max(DRIFT, 2 * self.noise()):
+            return None
+        self.rejections, self.tried, self.skipped = 0, set(), {}
+        self.stats[self.incumbent] = _Stats([now], incumbent.chunks, incumbent.stall, incumbent.cpu_share)
+        return f"conditions changed: {now * 1e3:.2f} ms a batch against {before * 1e3:.2f} before"
 
     def _judge(self, candidate: _Stats) -> Decision:
         assert self.trying is not None
