@@ -139,7 +139,9 @@ def test_budget_bounds_the_number_of_trials(tmp_path):
 
 def test_resume_uses_the_same_study(tmp_path):
     dataset = Numbers(32)
-    opts = options(tmp_path, 8, max_trials=2)  # each search asks two trials, whatever the budget left
+    # two trials each, the budget too large to end either search first: a second search that spent a small
+    # budget preparing (an 8 s one did, on a quiet machine, beside the other test worker) asked none
+    opts = options(tmp_path, 300, max_trials=2)
     search_spec(spec_for(dataset), opts, None)
     storage = f"sqlite:///{(tmp_path / '.autotune' / 'studies.db').resolve()}"
     (name,) = optuna.get_all_study_names(storage)
