@@ -251,6 +251,7 @@ def test_no_trial_may_run_past_the_budget_and_no_finalist_past_the_wall(tmp_path
     import types
 
     from autotune.tuner import _options
+    from autotune.tuner._options import EXIT_S
     from autotune.tuner._study import STOP_S
 
     now = 10_000.0
@@ -264,8 +265,11 @@ def test_no_trial_may_run_past_the_budget_and_no_finalist_past_the_wall(tmp_path
     outcome = search(_spec(), opts, setup=setup, runner=runner)
     loop, finals = [limit for _, limit in runner.limits[:4]], [limit for _, limit in runner.limits[4:]]
     assert finals and not outcome.is_default
-    to_wall, to_budget = clock.wall - now - STOP_S, clock.budget_end - now - STOP_S
-    assert 0 < to_budget < to_wall < 5000.0
+    # the frozen clock 2500 s into a 3600 s budget: the budget ends 1100 s on, the wall the finalists' share
+    # later, both before the plan's 5000 s, so every limit below is the clock's, not the plan's
+    to_budget = 3600.0 - 2500.0 - STOP_S
+    to_wall = to_budget + clock.finalists_seconds - EXIT_S
+    assert (clock.budget_end - now - STOP_S, clock.wall - now - STOP_S) == (to_budget, to_wall)
     assert loop == [to_wall] + [to_budget] * 3  # the first trial may use the wall, the others end with the budget
     assert finals == [to_wall] * len(finals)
 
