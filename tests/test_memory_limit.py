@@ -3,6 +3,7 @@ real cgroup made here as root (skipped with the reason where the machine does no
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import subprocess
@@ -153,6 +154,23 @@ def test_page_cache_model_uses_the_job_not_the_host(tmp_path):
     assert fits_page_cache(300 << 20, memory=mem)
 
 
+@contextlib.contextmanager
+def _memory_cgroup(limit: int):
+    """A real cgroup memory limit for the block, or the test skipped with the reason this machine gives."""
+    why = MemoryCgroup.why_not()
+    if why:
+        pytest.skip(why)
+    try:
+        made = MemoryCgroup.make(limit, name="autotune-test")
+        cgroup = made.__enter__()
+    except OSError as exc:
+        pytest.skip(f"this machine does not allow a memory cgroup here: {exc}")
+    try:
+        yield cgroup
+    finally:
+        made.__exit__(None, None, None)
+
+
 def _child_memory(prefix: str = "", command: list[str] | None = None) -> dict[str, object]:
     code = (prefix + "from autotune.machine._memory_limit import job_memory\n"
             "import json; m = job_memory()\n"
@@ -177,19 +195,9 @@ def test_rlimit_as_and_data_in_a_child():
 
 
 def test_a_real_cgroup_limit_is_read_from_inside():
-    why = MemoryCgroup.why_not()
-    if why:
-        pytest.skip(why)
     limit = 700 << 20
-    try:
-        cgroup_cm = MemoryCgroup.make(limit, name="autotune-test")
-        cgroup = cgroup_cm.__enter__()
-    except OSError as exc:
-        pytest.skip(f"this machine does not allow a memory cgroup here: {exc}")
-    try:
+    with _memory_cgroup(limit) as cgroup:
         got = _child_memory(command=cgroup.prefix())
-    finally:
-        cgroup_cm.__exit__(None, None, None)
     assert got["limit"] == limit, got
     assert str(cgroup.folder) in str(got["source"])
     assert 0 < int(got["available"]) < limit
@@ -197,9 +205,6 @@ def test_a_real_cgroup_limit_is_read_from_inside():
 
 
 def test_check_exit_3_inside_a_real_cgroup_for_a_recipe_tuned_outside(tmp_path):
-    why = MemoryCgroup.why_not()
-    if why:
-        pytest.skip(why)
     from test_show_check import make_profile
 
     from autotune.machine import _hardware as hardware
@@ -210,17 +215,10 @@ def test_check_exit_3_inside_a_real_cgroup_for_a_recipe_tuned_outside(tmp_path):
         pytest.skip("this test runs in a job with a memory limit already; the recipe must be tuned without one")
     path = tmp_path / "autotune.json"
     RecipeFile.merge_write(path, make_profile(outside, 2))
-    try:
-        cgroup_cm = MemoryCgroup.make(900 << 20, name="autotune-test")
-        cgroup = cgroup_cm.__enter__()
-    except OSError as exc:
-        pytest.skip(f"this machine does not allow a memory cgroup here: {exc}")
-    try:
+    with _memory_cgroup(900 << 20) as cgroup:
         run = subprocess.run([*cgroup.prefix(), sys.executable, "-m", "autotune", "check", str(path)],
                              capture_output=True, text=True, cwd=REPO, timeout=120,
                              env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    finally:
-        cgroup_cm.__exit__(None, None, None)
     assert run.returncode == 3, run.stdout + run.stderr
     assert "  memory limit: none -> 900.0 MiB\n" in run.stdout
     assert run.stderr == ""
@@ -244,9 +242,6 @@ print("samples", seen, "cache", res.settings["cache"], "share", res.settings["ca
 
 
 def test_the_factory_is_not_killed_by_a_recipe_tuned_with_more_memory(tmp_path):
-    why = MemoryCgroup.why_not()
-    if why:
-        pytest.skip(why)
     from test_partial_cache import _profile
 
     from autotune.config import LoaderConfig
@@ -256,18 +251,11 @@ def test_the_factory_is_not_killed_by_a_recipe_tuned_with_more_memory(tmp_path):
     profile = _profile(LoaderConfig(cache="memory"), peak=1300 << 20, plain=350 << 20)  # tuned outside: it fit
     profile.settings = dataclasses.replace(profile.settings, batch_size=50)
     RecipeFile.merge_write(path, profile)
-    try:
-        cgroup_cm = MemoryCgroup.make(700 << 20, name="autotune-test")
-        cgroup = cgroup_cm.__enter__()
-    except OSError as exc:
-        pytest.skip(f"this machine does not allow a memory cgroup here: {exc}")
-    try:
+    with _memory_cgroup(700 << 20) as cgroup:
         run = subprocess.run([*cgroup.prefix(), sys.executable, "-c", _FACTORY_CHILD, str(path)],
                              capture_output=True, text=True, cwd=REPO, timeout=300,
                              env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
         kills = cgroup.oom_kills()
-    finally:
-        cgroup_cm.__exit__(None, None, None)
     assert run.returncode == 0 and kills == 0, (run.returncode, kills, run.stderr[-2000:])
     assert "samples 1500 cache memory share 0." in run.stdout and "fitted to the memory limit" in run.stdout
     fitted = [line for line in run.stderr.splitlines() if "the recipe adds ~" in line]
@@ -312,25 +300,15 @@ def test_a_trial_killed_by_the_oom_killer_is_a_failed_trial_and_the_search_ends_
     ends a process of the trial's tree (each made its first choice), the trial is failed with one line naming
     the limit, and the search goes on to a recipe, exit 0, its own process's score untouched. On the old code
     the trials' processes kept the search's score and the reason named no limit."""
-    why = MemoryCgroup.why_not()
-    if why:
-        pytest.skip(why)
     (tmp_path / "greedy.py").write_text(_GREEDY)
     scores = tmp_path / "scores"
     scores.mkdir()
-    try:
-        cgroup_cm = MemoryCgroup.make(800 << 20, name="autotune-test")
-        cgroup = cgroup_cm.__enter__()
-    except OSError as exc:
-        pytest.skip(f"this machine does not allow a memory cgroup here: {exc}")
-    try:
+    with _memory_cgroup(800 << 20) as cgroup:
         run = subprocess.run([*cgroup.prefix(), sys.executable, "greedy.py"], capture_output=True, text=True,
                              cwd=tmp_path, timeout=240,
                              env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "SCORES": str(scores),
                                   "AUTOTUNE_CACHE_DIR": str(tmp_path / "cache")})
         kills = cgroup.oom_kills()
-    finally:
-        cgroup_cm.__exit__(None, None, None)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert kills >= 1 and "Traceback" not in run.stderr, run.stderr[-3000:]
     assert (tmp_path / "autotune.json").is_file()
