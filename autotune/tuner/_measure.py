@@ -26,7 +26,6 @@ from autotune.config import LoaderConfig, partial_count
 from autotune.loader import DeviceConsumer, make_loader, prepare_source
 from autotune.machine import EvictionReport, TreeMemory, evict, tree_memory
 from autotune.process import apply_at_runtime
-from autotune.tuner._lifecycle import stop_held
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._predict import HEAD, EpochTiming, predict
 
@@ -223,8 +222,7 @@ def timed_epoch(loader: Any, consume: Callable[..., Any], *, sample_memory: bool
     endless), not drained."""
     expected = len(loader) if batches is None else batches
     start = time.perf_counter()
-    with stop_held():  # a stop waits until the workers are started (``_lifecycle.stop_held``)
-        iterator = iter(loader)
+    iterator = iter(loader)
     first = None
     head = None
     count = 0

@@ -37,7 +37,7 @@ from autotune.config import LoaderConfig
 from autotune.loader import READING
 from autotune.machine import job_memory, make_expendable, oom_kills, process_uss, tree_memory, tree_rss
 from autotune.process import get_allocator, launch_env
-from autotune.tuner._lifecycle import stop_or_hold, watch_parent
+from autotune.tuner._lifecycle import stop_held, stop_or_hold, watch_parent
 from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
 from autotune.tuner._measurement import Measurement
 
@@ -185,6 +185,26 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     stop_or_hold(143)  # unwinds through the DataLoader iterator (once it is whole), which stops its workers cleanly
 
 
+def _hold_stops_while_workers_start() -> None:
+    """In a trial process (ours, never the user's), every DataLoader iterator of the trial, its epochs' and its
+    cache builds', is built whole before a stop unwinds it (``_lifecycle.stop_held``): interrupted after its
+    first worker started and before its status list was set, its ``__del__`` failed ("Exception ignored ...
+    '_workers_status'") when the trial, having caught the stop, collected it."""
+    from torch.utils.data import dataloader
+
+    cls: Any = dataloader._MultiProcessingDataLoaderIter
+    init = cls.__init__
+    if getattr(init, "_autotune_held", False):
+        return
+
+    def held(self: Any, *args: Any, **kwargs: Any) -> None:
+        with stop_held():
+            init(self, *args, **kwargs)
+
+    held._autotune_held = True  # type: ignore[attr-defined]
+    cls.__init__ = held
+
+
 _READING_LINE = re.compile(r"^autotune-reading: dataset\[(\d+)\] for ([\d.]+) s$", re.M)
 
 
@@ -232,6 +252,7 @@ def _trial_main(conn: Any, workload_file: str | None, sys_path: list[str], confi
     make_expendable()  # before the workload is unpickled: the kernel ends this tree, not the search (machine._oom)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     signal.signal(signal.SIGUSR1, _say_reading)  # forked workers inherit it
+    _hold_stops_while_workers_start()
     _release_forkserver()
     watch_parent(os.getppid())  # the search died without stopping us (SIGKILL): take the workers along
     _own_resource_tracker()
