@@ -6,9 +6,10 @@ candidate's processes are counted against it before any is started, from figures
 measured, and what cannot fit is not tried, with a note, instead of being left to the kernel's OOM killer
 (which ends a trial, never the search: ``machine._oom``). A trial holds:
 
-- an interpreter with torch and the trial's modules: a trial forked from the forkserver shares the server's
-  pages, but its memory is measured (the runner's guard, the recipe's peak) as the PSS of its tree, where the
-  shared interpreter counts about whole, as it does in the user's own training process;
+- no interpreter when it is forked from the forkserver: the server's pages are resident before the budget is
+  read and the trial shares them, so they are not what it adds (and the runner's guard and the trial's own
+  figure count the same: ``machine.tree_memory`` takes the shared pages off the tree's PSS); a trial spawned
+  for a preloaded allocator is a fresh interpreter, and holds one whole;
 - the dataset as it unpickles it, its heap (``TRIAL_HEAP``) and ``BATCHES_IN_MAIN`` batches (the one being
   consumed and the one collated or received);
 - per DataLoader worker, its prefetched batches (``prefetch_factor`` of them, in shared memory the job is
@@ -30,6 +31,7 @@ from autotune._units import format_bytes
 from autotune.config import DEFAULT, LoaderConfig
 from autotune.errors import AutotuneError
 from autotune.machine import BUDGET_SHARE
+from autotune.process import get_allocator
 from autotune.tuner._space import Space
 
 __all__ = ["BATCHES_IN_MAIN", "TRIAL_HEAP", "WORKER_HEAP", "MemoryTooSmall", "TrialMemory", "fit_space"]
@@ -65,9 +67,11 @@ class TrialMemory:
         return own + (self.interpreter + self.dataset if context in FRESH_CONTEXTS else 0)
 
     def need(self, config: LoaderConfig, cache_bytes: int = 0) -> int:
-        """What a trial of ``config`` holds at its peak, every rank together; ``cache_bytes``: one rank's
-        memory cache of the whole run."""
-        main = self.interpreter + TRIAL_HEAP + self.dataset + BATCHES_IN_MAIN * self.batch_bytes
+        """What a trial of ``config`` adds to the job at its peak, every rank together; ``cache_bytes``: one
+        rank's memory cache of the whole run."""
+        main = TRIAL_HEAP + self.dataset + BATCHES_IN_MAIN * self.batch_bytes
+        if get_allocator(config.process_settings().allocator).preloaded:
+            main += self.interpreter  # spawned, not forked from the server (tuner/_runner.py: _context_for)
         n = config.num_workers
         workers = n * self.worker(config.multiprocessing_context, config.prefetch_factor)
         if n and config.multiprocessing_context == "forkserver":
@@ -91,8 +95,8 @@ class TrialMemory:
         short = max(need - self.budget, int(need / BUDGET_SHARE) - self.available)
         return (f"Not even the smallest trial (num_workers=0, no cache) fits this job's memory: {self.limit_text} "
                 f"leaves {format_bytes(self.available)} available to the search, whose budget of "
-                f"{format_bytes(self.budget)} is below the ~{format_bytes(need)} a trial holds (an interpreter of "
-                f"{format_bytes(self.interpreter)}, its dataset, heap and {BATCHES_IN_MAIN} batches of "
+                f"{format_bytes(self.budget)} is below the ~{format_bytes(need)} a trial adds to it (its dataset, "
+                f"heap and {BATCHES_IN_MAIN} batches of "
                 f"{format_bytes(self.batch_bytes)}). Raise the memory limit by at least "
                 f"~{format_bytes(short)} (or --max-memory), or search with a smaller "
                 "batch size.")

@@ -35,7 +35,7 @@ from autotune._units import format_bytes
 from autotune.caches import ensure_root, remove_leftovers, remove_trial_folder, trial_folder
 from autotune.config import LoaderConfig
 from autotune.loader import READING
-from autotune.machine import job_memory, make_expendable, oom_kills, tree_pss, tree_rss
+from autotune.machine import job_memory, make_expendable, oom_kills, tree_memory, tree_rss
 from autotune.process import get_allocator, launch_env
 from autotune.tuner._lifecycle import watch_parent
 from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
@@ -430,6 +430,7 @@ class Runner:
                 rank_plan = shard(plan, r, self.ranks)
                 if trial_dir:
                     rank_plan = dataclasses.replace(rank_plan, cache_root=trial_dir)
+                rank_plan = dataclasses.replace(rank_plan, forked=ctx is self.ctx)
                 rank_log = log_path if r == 0 or log_path is None else f"{os.path.splitext(log_path)[0]}.rank{r}.log"
                 receiver, sender = ctx.Pipe(duplex=True)
                 proc = ctx.Process(
@@ -463,11 +464,11 @@ class Runner:
                 rank.proc.join(10)
             if trial_dir:
                 remove_trial_folder(trial_dir)
-        if self.memory_limit and result.peak_memory_bytes > self.memory_limit:
+        if self.memory_limit and result.charged_bytes > self.memory_limit:
             # The subset's run fitted, the whole run would not: its memory cache holds every sample. A recipe
             # over the budget would be OOM-killed where the budget is a job's limit.
             together = f" ({len(ranks)} ranks together)" if len(ranks) > 1 else ""
-            raise TrialFailed(f"its whole run needs {format_bytes(result.peak_memory_bytes)}{together} (a memory "
+            raise TrialFailed(f"its whole run needs {format_bytes(result.charged_bytes)}{together} (a memory "
                               f"cache of every sample), over the memory budget of {format_bytes(self.memory_limit)}")
         return result
 
@@ -534,11 +535,13 @@ class Runner:
                                                                           "candidate"))
             if self.memory_limit and now >= next_memory_check:
                 next_memory_check = now + 1.0
-                # RSS is cheap but counts pages shared with forked workers once per worker; only
-                # when it is over the limit is the costlier PSS read to confirm.
+                # RSS is cheap but counts every page shared with the forkserver and among the workers, once per
+                # process: never below what the tree adds. Only when it is over the limit is the costlier
+                # figure read (the one the plan and the trial's own peak count: ``machine.tree_memory``).
                 used = sum(tree_rss(r.proc.pid) for r in ranks)
                 if used > self.memory_limit:
-                    used = sum(tree_pss(r.proc.pid) for r in ranks)
+                    parent = self._forked_from(ranks)
+                    used = sum(tree_memory(r.proc.pid, forked_from=parent).added for r in ranks)
                 if used > self.memory_limit:
                     together = f" ({len(ranks)} ranks together)" if len(ranks) > 1 else ""
                     raise TrialFailed(f"used {format_bytes(used)}{together}, over the memory budget of "
@@ -546,6 +549,17 @@ class Runner:
             for r in ranks:
                 if r.result is None and not r.proc.is_alive() and not r.receiver.poll(0):
                     raise TrialFailed(_death_reason(r.proc.exitcode))
+
+    def _forked_from(self, ranks: list[_Rank]) -> int | None:
+        """The process the ranks' trials were forked from (the forkserver, or this one in the fork fallback),
+        whose pages they share; None for spawned trials, which share none of its memory."""
+        try:
+            parent = psutil.Process(ranks[0].proc.pid).ppid()
+        except (psutil.Error, TypeError):
+            return None
+        if self.fork_fallback:
+            return parent if parent == os.getpid() else None
+        return parent if parent == forkserver_pid() else None
 
     def _context_for(self, config: LoaderConfig) -> tuple[Any, dict[str, str] | None]:
         """The start method for this candidate, and the environment it must start with.
