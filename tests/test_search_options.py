@@ -106,8 +106,10 @@ def test_search_leaves_the_start_method_unset_as_it_found_it(tmp_path):
         sys.path.insert(0, {str(tmp_path)!r})
         import torch, autotune
         assert multiprocessing.get_start_method(allow_none=True) is None
-        autotune.search(torch.arange(64.0).reshape(32, 2), batch_size=8, epochs=1, budget=10, output=None,
-                        workdir={str(tmp_path / 'w')!r}, progress=False, caches="none", max_workers=0)
+        # one trial ends it; the budget is only a loaded machine's wall (10 s ran out reading the dataset at a
+        # load of 18)
+        autotune.search(torch.arange(64.0).reshape(32, 2), batch_size=8, epochs=1, budget=120, max_trials=1,
+                        output=None, workdir={str(tmp_path / 'w')!r}, progress=False, caches="none", max_workers=0)
         assert multiprocessing.get_start_method(allow_none=True) is None, multiprocessing.get_start_method()
         multiprocessing.set_start_method("spawn")  # the caller's choice is still theirs
         print("ok")
