@@ -38,7 +38,7 @@ class Scripted(Policy):
     def decide(self, obs):
         self.seen.append(obs)
         self._record(obs)
-        return Decision(self.script[len(self.seen) % len(self.script)], "try", "scripted")
+        return Decision(self.script[len(self.seen) % len(self.script)], "scripted", "scripted")  # not "try": no probe part
 
 
 def batches(loader, epochs, check=None):
@@ -461,6 +461,38 @@ def test_a_long_epoch_switches_at_its_parts_with_a_plain_loaders_batches_and_one
     assert [e.config for e in events[:6]] == SCRIPT  # each part under the configuration chosen for it
     assert all(e.next_config != e.config for e in events[:5])  # five switches inside the first epoch
     assert loader.epoch == 3 and len(loader) == 25 and loader.batch_size == 8
+
+
+class Probing(Policy):
+    """Tries P2 and reverts it at its probe, then tries P1 and lets it go on after its probe."""
+
+    def __init__(self):
+        super().__init__(LoaderConfig(), max_workers=2)
+        self.seen = []
+        self.script = [Decision(P2, "try", "s"), Decision(LoaderConfig(), "revert", "s"), Decision(P1, "try", "s"),
+                       Decision(P1, "continue", "s"), Decision(P1, "keep", "s")]
+
+    def decide(self, obs):
+        self.seen.append(obs)
+        return self.script[len(self.seen) - 1] if len(self.seen) <= len(self.script) else Decision(
+            obs.config, "measure", "s")
+
+
+def test_a_candidates_probe_ends_a_quarter_into_its_epoch_and_a_revert_there_keeps_a_plain_loaders_batches(tmp_path):
+    path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig())
+    dataset = Numbers(160)  # 20 batches of 8: a candidate's probe is its first 5
+    loader = autotune.dataloader(dataset, path, adapt=True, shuffle=True, generator=torch.Generator().manual_seed(9))
+    loader.policy = Probing()
+    alive = []
+    got = batches(loader, 3, check=lambda lo: alive.append((lo.config.num_workers, workers_alive())))
+    plain = DataLoader(dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(9))
+    assert got == batches(plain, 3)
+    assert all(n == workers for workers, n in alive), alive  # the probe's pool stopped before the incumbent's
+    seen = [(o.config, o.batches, o.probe) for o in loader.policy.seen]
+    assert seen == [(LoaderConfig(), 20, False), (P2, 5, True), (LoaderConfig(), 15, False), (P1, 5, True),
+                    (P1, 15, False)]
+    assert [e.mid_epoch for e in loader.history.events] == [False, True, False, True, False]
+    assert loader.epoch == 3
 
 
 def test_a_stateful_resume_after_a_mid_epoch_switch_yields_exactly_the_remaining_batches(tmp_path):

@@ -18,33 +18,37 @@ from autotune.tuner._memory_plan import MemoryTooSmall, TrialMemory, fit_space
 from autotune.tuner._space import Space
 
 MIB = 1 << 20
-# A trial with no workers: a 100 MiB interpreter + 16 MiB heap + 4 MiB dataset + 2 batches of 10 MiB = 140 MiB.
-# A forked worker at prefetch 1: 10 + 16 = 26 MiB; a spawned one adds an interpreter and the dataset: 130 MiB.
-MEMORY = TrialMemory(budget=300 * MIB, interpreter=100 * MIB, dataset=4 * MIB, batch_bytes=10 * MIB,
+# A trial forked from the forkserver, with no workers, adds 16 MiB heap + 4 MiB dataset + 2 batches of 10 MiB = 40
+# MiB (the server's 100 MiB interpreter is resident before the budget is read, and shared); a trial spawned for a
+# preloaded allocator holds an interpreter of its own: 140 MiB. A forked worker at prefetch 1: 10 + 16 = 26 MiB; a
+# spawned one adds an interpreter and the dataset: 130 MiB.
+MEMORY = TrialMemory(budget=200 * MIB, interpreter=100 * MIB, heap=16 * MIB, dataset=4 * MIB, batch_bytes=10 * MIB,
                      available=429 * MIB, limit_text="the cgroup memory limit of 700.0 MiB (test)")
 SPACE = Space(max_workers=8, contexts=("fork", "forkserver", "spawn"), prefetch_factors=(1, 2, 4, 8))
 
 
 def test_the_need_of_each_kind_of_trial():
-    assert MEMORY.need(DEFAULT) == 140 * MIB
-    assert MEMORY.need(LoaderConfig(num_workers=3, prefetch_factor=1)) == 140 * MIB + 3 * 26 * MIB
-    assert MEMORY.need(LoaderConfig(num_workers=1, prefetch_factor=8)) == 140 * MIB + 96 * MIB
-    assert MEMORY.need(LoaderConfig(num_workers=1, prefetch_factor=1, multiprocessing_context="spawn")) == 270 * MIB
+    assert MEMORY.need(DEFAULT) == 40 * MIB
+    assert MEMORY.need(LoaderConfig(allocator="tcmalloc")) == 140 * MIB  # spawned: an interpreter of its own
+    assert MEMORY.need(LoaderConfig(allocator="glibc-tuned")) == 40 * MIB  # mallopt: forked from the server
+    assert MEMORY.need(LoaderConfig(num_workers=3, prefetch_factor=1)) == 40 * MIB + 3 * 26 * MIB
+    assert MEMORY.need(LoaderConfig(num_workers=1, prefetch_factor=8)) == 40 * MIB + 96 * MIB
+    assert MEMORY.need(LoaderConfig(num_workers=1, prefetch_factor=1, multiprocessing_context="spawn")) == 170 * MIB
     # forkserver workers: each a fresh interpreter, and their server once
     assert MEMORY.need(LoaderConfig(num_workers=2, prefetch_factor=1,
-                                    multiprocessing_context="forkserver")) == 140 * MIB + 2 * 130 * MIB + 100 * MIB
-    assert MEMORY.need(DEFAULT, cache_bytes=50 * MIB) == 190 * MIB
-    assert replace(MEMORY, ranks=2).need(DEFAULT, cache_bytes=50 * MIB) == 380 * MIB  # every rank's own
+                                    multiprocessing_context="forkserver")) == 40 * MIB + 2 * 130 * MIB + 100 * MIB
+    assert MEMORY.need(DEFAULT, cache_bytes=50 * MIB) == 90 * MIB
+    assert replace(MEMORY, ranks=2).need(DEFAULT, cache_bytes=50 * MIB) == 180 * MIB  # every rank's own
 
 
 def test_fit_space_cuts_workers_and_start_methods_with_a_note_each():
     fitted, notes = fit_space(SPACE, MEMORY)
-    assert fitted == replace(SPACE, max_workers=6, contexts=("fork", "spawn"))  # 140 + 6 x 26; 140 + 130
+    assert fitted == replace(SPACE, max_workers=6, contexts=("fork", "spawn"))  # 40 + 6 x 26; 40 + 130
     assert notes == [
         "memory: start method forkserver left out: each worker is a fresh interpreter and a server (~130.0 MiB), "
-        "which does not fit the budget of 300.0 MiB",
+        "which does not fit the budget of 200.0 MiB",
         "memory: num_workers at most 6 (of 8): each worker holds ~26.0 MiB (its prefetched batches and heap), "
-        "within the budget of 300.0 MiB (the cgroup memory limit of 700.0 MiB (test)); a configuration beyond "
+        "within the budget of 200.0 MiB (the cgroup memory limit of 700.0 MiB (test)); a configuration beyond "
         "it is not tried",
     ]
 
@@ -52,47 +56,47 @@ def test_fit_space_cuts_workers_and_start_methods_with_a_note_each():
 def test_its_neighbours_a_roomy_budget_cuts_nothing_and_a_byte_less_cuts_one_worker():
     roomy = replace(MEMORY, budget=64 << 30)
     assert fit_space(SPACE, roomy) == (SPACE, [])
-    exact = replace(MEMORY, budget=140 * MIB + 6 * 26 * MIB)  # the sixth worker fits to the byte
+    exact = replace(MEMORY, budget=40 * MIB + 6 * 26 * MIB)  # the sixth worker fits to the byte
     assert fit_space(SPACE, exact)[0].max_workers == 6
     assert fit_space(SPACE, replace(exact, budget=exact.budget - 1))[0].max_workers == 5
-    # one spawned worker fits to the byte (140 + 130): spawn stays, forkserver (and its server) does not
-    fitted, _ = fit_space(SPACE, replace(MEMORY, budget=270 * MIB))
+    # one spawned worker fits to the byte (40 + 130): spawn stays, forkserver (and its server) does not
+    fitted, _ = fit_space(SPACE, replace(MEMORY, budget=170 * MIB))
     assert fitted.contexts == ("fork", "spawn") and fitted.max_workers == 5
-    fitted, _ = fit_space(SPACE, replace(MEMORY, budget=270 * MIB - 1))
+    fitted, _ = fit_space(SPACE, replace(MEMORY, budget=170 * MIB - 1))
     assert fitted.contexts == ("fork",)
     # no worker fits at all: the space is the default's, the start methods left as they were (never asked)
-    fitted, notes = fit_space(SPACE, replace(MEMORY, budget=150 * MIB))
+    fitted, notes = fit_space(SPACE, replace(MEMORY, budget=50 * MIB))
     assert fitted.max_workers == 0 and fitted.contexts == SPACE.contexts
     assert notes == ["memory: num_workers at most 0 (of 8): each worker holds ~26.0 MiB (its prefetched batches "
-                     "and heap), within the budget of 150.0 MiB (the cgroup memory limit of 700.0 MiB (test)); a "
+                     "and heap), within the budget of 50.0 MiB (the cgroup memory limit of 700.0 MiB (test)); a "
                      "configuration beyond it is not tried"]
 
 
 def test_not_even_the_default_fits_is_one_line_naming_the_limit_what_is_available_and_the_fix():
-    small = replace(MEMORY, budget=139 * MIB, available=200 * MIB)
+    small = replace(MEMORY, budget=39 * MIB, available=200 * MIB)
     with pytest.raises(MemoryTooSmall) as caught:
         fit_space(SPACE, small)
     assert isinstance(caught.value, AutotuneError) and caught.value.exit_code == 2
     assert str(caught.value) == (
         "Not even the smallest trial (num_workers=0, no cache) fits this job's memory: the cgroup memory limit "
-        "of 700.0 MiB (test) leaves 200.0 MiB available to the search, whose budget of 139.0 MiB is below the "
-        "~140.0 MiB a trial holds (an interpreter of 100.0 MiB, its dataset, heap and 2 batches of 10.0 MiB). "
+        "of 700.0 MiB (test) leaves 200.0 MiB available to the search, whose budget of 39.0 MiB is below the "
+        "~40.0 MiB a trial adds to it (its dataset, heap and 2 batches of 10.0 MiB). "
         "Raise the memory limit by at least ~1.0 MiB (or --max-memory), or search with a smaller batch size.")
-    # nothing left at all: the job must grow until 70% of what is left holds the trial (140 / 0.7 = 200 MiB)
+    # nothing left at all: the job must grow until 70% of what is left holds the trial (40 / 0.7 = 57.1 MiB)
     empty = str(MemoryTooSmall(replace(small, budget=0, available=0).too_small()))
-    assert "leaves 0 B available to the search, whose budget of 0 B is below the ~140.0 MiB" in empty
-    assert "Raise the memory limit by at least ~200.0 MiB (or --max-memory)" in empty
-    assert fit_space(SPACE, replace(small, budget=140 * MIB))[0].max_workers == 0  # the default to the byte fits
+    assert "leaves 0 B available to the search, whose budget of 0 B is below the ~40.0 MiB" in empty
+    assert "Raise the memory limit by at least ~57.1 MiB (or --max-memory)" in empty
+    assert fit_space(SPACE, replace(small, budget=40 * MIB))[0].max_workers == 0  # the default to the byte fits
 
 
 def test_over_budget_names_the_need_and_the_budget():
     assert MEMORY.over_budget(LoaderConfig(num_workers=3, prefetch_factor=1)) is None
     assert MEMORY.over_budget(LoaderConfig(num_workers=3, prefetch_factor=8)) == (
-        "not tried: it would hold ~428.0 MiB, over the memory budget of 300.0 MiB (the cgroup memory limit of "
+        "not tried: it would hold ~328.0 MiB, over the memory budget of 200.0 MiB (the cgroup memory limit of "
         "700.0 MiB (test))")
     assert MEMORY.over_budget(DEFAULT, cache_bytes=161 * MIB) is not None  # a memory cache of the whole run counts
     assert MEMORY.over_budget(DEFAULT, cache_bytes=160 * MIB) is None
-    assert "(2 ranks together)" in (replace(MEMORY, ranks=2).over_budget(DEFAULT, cache_bytes=30 * MIB) or "")
+    assert "(2 ranks together)" in (replace(MEMORY, ranks=2).over_budget(DEFAULT, cache_bytes=70 * MIB) or "")
 
 
 def test_build_space_applies_the_plan_and_notes_it():
@@ -178,3 +182,69 @@ def test_the_search_keeps_no_copy_of_the_workload_it_hands_its_trials(tmp_path):
     del runner
     gc.collect()
     assert not os.path.exists(path) and not folder.exists()
+
+
+def test_what_a_forked_tree_adds_is_its_own_pages_not_the_ones_it_shares_with_its_server():
+    """``machine.tree_memory``, the one figure the plan, the runner's guard and the trial's peak count: a tree
+    forked from a server that holds 120 MiB adds nothing for them, though its PSS counts 3/4 of them; what it
+    allocates, and the server's pages it copies, it adds whole. Real processes, read from /proc."""
+    from autotune.machine import tree_memory
+
+    read, write = os.pipe()
+    server = os.fork()
+    if server == 0:  # the "forkserver": 120 MiB of private, touched pages
+        try:
+            held = bytearray(b"s" * (120 * MIB))
+            trial = os.fork()
+            if trial == 0:
+                workers = []
+                for _ in range(2):
+                    worker = os.fork()
+                    if worker == 0:
+                        time.sleep(60)
+                        os._exit(0)
+                    workers.append(worker)
+                figures = [tree_memory(forked_from=os.getppid())]
+                own = bytearray(b"t" * (40 * MIB))
+                figures.append(tree_memory(forked_from=os.getppid()))
+                held[:20 * MIB] = b"c" * (20 * MIB)  # copies 20 MiB of the server's pages
+                figures.append(tree_memory(forked_from=os.getppid()))
+                figures.append(tree_memory())  # nothing named: the PSS, shared pages and all
+                os.write(write, repr([tuple(f) for f in figures]).encode())
+                for worker in workers:
+                    os.kill(worker, 9)
+                del own
+                os._exit(0)
+            os.waitpid(trial, 0)
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        text = fh.read()
+    os.waitpid(server, 0)
+    (pss0, added0), (pss1, added1), (_, added2), (pss3, added3) = eval(text)  # noqa: S307 - our own repr
+    assert pss0 >= 80 * MIB  # three of the four sharers of the server's 120 MiB
+    assert added0 < 12 * MIB  # a Python process's own pages, none of the server's
+    assert 40 * MIB <= added1 - added0 < 44 * MIB
+    assert 20 * MIB <= added2 - added1 < 24 * MIB
+    assert added3 == pss3 >= pss1
+
+
+def test_the_heap_is_measured_by_a_probe_forked_from_the_resident_forkserver():
+    """No constant: the heap of a trial and of each forked worker is what a probe forked from the trials'
+    forkserver adds once it has run (the guard's accounting), and the plan's cuts follow it."""
+    from workloads import Numbers
+
+    from autotune.dataset._userfile import UserSpec
+    from autotune.tuner._preparation import trial_memory
+    from autotune.tuner._runner import forkserver_pid, waiting_forkserver
+
+    memory = trial_memory(UserSpec(dataset=Numbers(8), source="<test>", batch_size=4, epochs=1), batch_bytes=64,
+                          ranks=1, max_memory=300 * MIB)
+    assert waiting_forkserver() == forkserver_pid() is not None  # the probe waited for the server's imports
+    assert 0 < memory.heap < memory.interpreter  # a fork writes a part of the interpreter it shares
+    assert memory.need(DEFAULT) == memory.heap + memory.dataset + 2 * 64
+    assert memory.need(LoaderConfig(num_workers=2, prefetch_factor=2)) == memory.need(DEFAULT) + 2 * (memory.heap + 128)
+    # the cut follows the measured heap: at 47 MiB (this machine's probe) two of the test space's workers fit
+    assert fit_space(SPACE, replace(MEMORY, heap=47 * MIB))[0].max_workers == 2  # 47 + 4 + 20 + 2 x 57 = 185 of 200
+    assert fit_space(SPACE, replace(MEMORY, heap=16 * MIB))[0].max_workers == 6

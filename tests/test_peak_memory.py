@@ -73,3 +73,7 @@ def test_a_candidate_whose_whole_run_is_over_the_budget_fails():
         runner.run(LoaderConfig(cache="memory"), plan, timeout=90)
     fits = runner.run(LoaderConfig(cache="memory", cache_share=0.3), plan, timeout=90)
     assert fits.peak_memory_bytes <= 900 * MIB
+    # The budget holds what the trial adds to the job: the forkserver's interpreter, resident before the budget
+    # was read and shared by the forked trial, is in the PSS (~n/(n+1) of it) but not in what the trial adds.
+    assert fits.added_memory_bytes is not None
+    assert 300 * MIB <= fits.added_memory_bytes <= fits.peak_memory_bytes - 50 * MIB, fits

@@ -102,6 +102,8 @@ def test_ranks_together_report_the_slowest_and_the_sum_of_memory():
     combined = Measurement.slowest_rank([result(2.0, 100), slow])
     assert combined.prediction == slow.prediction and combined.ranks == (2.0, 3.0)
     assert combined.peak_memory_bytes == 150 and combined.measured_samples == 16
+    assert combined.added_memory_bytes == 150  # an older study's ranks: their peaks stand for what they add
+    assert Measurement.slowest_rank([replace(slow, added_memory_bytes=20), result(2.0, 100)]).charged_bytes == 120
     built = replace(result(2.0, 1), cache_origins=("built",), cache_builders=("b1",))
     waited = replace(result(2.5, 1), cache_origins=("waited",), cache_builders=("b1",))
     both = Measurement.slowest_rank([built, waited])
@@ -199,10 +201,9 @@ def test_the_memory_budget_counts_a_memory_cache_once_per_rank(tmp_path, monkeyp
     """A memory cache that fits the budget once but not twice is offered to one rank, not to two; a disk
     cache, built once per node, stays. The trials' own processes are planned elsewhere (test_memory_plan.py):
     here they cost nothing, so the budget is the cache's alone."""
-    from autotune.tuner import _memory_plan, _preparation
+    from autotune.tuner import _preparation, _runner
 
-    monkeypatch.setattr(_memory_plan, "TRIAL_HEAP", 0)
-    monkeypatch.setattr(_preparation, "process_uss", lambda pid=None: 0)
+    monkeypatch.setattr(_preparation, "fork_charges", lambda: _runner.ForkCharges(interpreter=0, forked=0))
     monkeypatch.setattr(_preparation, "pickled_size", lambda value: 0)
     spec = UserSpec(dataset=Numbers(64), source="<test>", batch_size=8, epochs=2)
     probe = prepare(spec, SearchOptions(budget=30, workdir=tmp_path, progress=False)).probe

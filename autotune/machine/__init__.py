@@ -15,7 +15,15 @@ from autotune.machine._evict import (
     source_files,
 )
 from autotune.machine._first_touch import first_touch_seconds
-from autotune.machine._memory import BUDGET_SHARE, default_budget, process_uss, tree_pss, tree_rss
+from autotune.machine._memory import (
+    BUDGET_SHARE,
+    TreeMemory,
+    default_budget,
+    process_uss,
+    tree_memory,
+    tree_pss,
+    tree_rss,
+)
 from autotune.machine._memory_file import FileColumn
 from autotune.machine._memory_limit import JobMemory, job_memory
 from autotune.machine._oom import make_expendable, oom_kills, oom_score_adj
@@ -46,6 +54,8 @@ __all__ = [
     "shm_free",
     "shm_rule",
     "source_files",
+    "TreeMemory",
+    "tree_memory",
     "tree_pss",
     "tree_rss",
     "usable_cpus",

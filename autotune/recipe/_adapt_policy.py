@@ -22,7 +22,16 @@ The rules (a hill climb, as tf.data's and MindSpore's, with a significance test)
    incumbent stays, and its figure is watched; a change beyond ``DRIFT`` (and the noise), or the stall
    crossing ``STALL_HIGH``, reopens the search from the incumbent. The same change between two of the
    incumbent's epochs before it settles clears the rejections: they were judged under other conditions.
-4. ``observe`` mode measures and never moves. A move ``allowed`` refuses (memory, /dev/shm) is skipped;
+4. A candidate's first part (``probe``: the loader ends it after a quarter of the epoch or part, at a
+   boundary the user cannot observe) is judged for a loss only: slower than the incumbent by more than
+   ``LOSS``, three times the noise of one chunk against the incumbent's, and the incumbent's own change,
+   it is reverted there, so a clearly bad try costs a quarter of an epoch; otherwise the candidate reads
+   the rest, and rule 2 judges the whole (the probe and the rest as one epoch).
+5. Exploration is bounded by its cost: the time lost to rejected candidates (their seconds per batch
+   over the incumbent's, times their batches) stays within ``EXPLORE_SHARE`` of the run's time so far; a
+   new try waits ("measure") until the run has grown past it. Where the recipe is already the best, every
+   try is a rejection, and this bounds what the run pays for looking, whatever the run's length.
+6. ``observe`` mode measures and never moves. A move ``allowed`` refuses (memory, /dev/shm) is skipped;
    a configuration whose workers failed (``crashed``) is never tried again in the run.
 
 The thread split is a move like the others where the main process's threads may move (``threads``: the
@@ -48,6 +57,8 @@ MAX_REJECTIONS = 3
 DRIFT = 0.15  # a settled incumbent's change that reopens the search (log scale, ~16%)
 STALL_HIGH = 0.1  # above: the step waits for the loader
 SATURATED = 0.8  # the main's CPU seconds per wall second, per thread it has, from which its threads are all busy
+LOSS = 0.06  # the least slow-down a probe is reverted for (log scale, ~6%)
+EXPLORE_SHARE = 0.02  # the most of the run's time so far the rejected candidates may have cost
 MOST_PREFETCH = 8  # the most a move doubles prefetch_factor to (the search's largest)
 
 
@@ -63,6 +74,27 @@ class EpochObservation:
     chunk_seconds: tuple[float, ...] = ()  # seconds per batch of each chunk of the epoch, in order
     fresh_pool: bool = False  # this epoch started the workers (a switch, or not persistent)
     main_cpu_seconds: float = 0.0  # the main process's CPU time over the epoch, all its threads (0: unknown)
+    probe: bool = False  # a candidate's first part (rule 4): judged for a clear loss only
+
+    def then(self, rest: EpochObservation) -> EpochObservation:
+        """This probe and the ``rest`` of its epoch (or part) as one observation; the chunks are the rest's,
+        of the size the run's noise is measured in."""
+        return EpochObservation(config=self.config, batches=self.batches + rest.batches,
+                                seconds=self.seconds + rest.seconds,
+                                wait_seconds=self.wait_seconds + rest.wait_seconds,
+                                first_wait_seconds=self.first_wait_seconds, chunk_seconds=rest.chunk_seconds,
+                                fresh_pool=self.fresh_pool,
+                                main_cpu_seconds=self.main_cpu_seconds + rest.main_cpu_seconds)
+
+    @property
+    def steady_seconds_per_batch(self) -> float:
+        """Seconds per batch without a fresh pool's start-up, persistent or not: a probe's rate, which a few
+        batches would otherwise bury under the start-up a whole epoch amortises."""
+        seconds = self.seconds
+        if self.fresh_pool and self.batches > 1:
+            rest = (self.wait_seconds - self.first_wait_seconds) / (self.batches - 1)
+            seconds -= max(0.0, self.first_wait_seconds - rest)
+        return seconds / max(1, self.batches)
 
     @property
     def stall(self) -> float:
@@ -82,7 +114,7 @@ class EpochObservation:
 @dataclass(frozen=True)
 class Decision:
     config: LoaderConfig  # the next epoch's
-    event: str  # "warm-up", "observe", "measure", "try", "keep", "revert", "settle", "reopen"
+    event: str  # "warm-up", "observe", "measure", "try", "continue", "keep", "revert", "settle", "reopen"
     line: str  # in words, for the log and the record
 
 
@@ -160,8 +192,10 @@ class Policy:
     """The adapting loader's decisions (see the module docstring); ``decide`` once per epoch."""
 
     def __init__(self, start: LoaderConfig, *, max_workers: int, cuda: bool = False, observe: bool = False,
-                 allowed: Allowed | None = None, fixed: frozenset[str] = frozenset(), threads: int | None = None):
+                 allowed: Allowed | None = None, fixed: frozenset[str] = frozenset(), threads: int | None = None,
+                 explore_share: float = EXPLORE_SHARE):
         self.incumbent = start
+        self.explore_share = explore_share  # rule 5's bound (1: unbounded)
         self.threads = threads  # the main's thread count for a configuration without one; None: fixed
         self.max_workers = max_workers
         self.cuda = cuda
@@ -180,6 +214,11 @@ class Policy:
         self._log_chunks: list[float] = []  # each chunk's log seconds per batch less its epoch's mean
         self.skipped: dict[LoaderConfig, str] = {}
         self.failed: dict[LoaderConfig, str] = {}  # configurations whose workers failed: never again
+        self.probed: EpochObservation | None = None  # the candidate's probe, while it reads the rest
+        self.seen_seconds = 0.0  # the run's time so far (every observation)
+        self.lost_seconds = 0.0  # what the rejected candidates cost over the incumbent (rule 5)
+        self._batches = 0  # the judged candidate's batches
+        self._restarted = False  # the incumbent's next part follows a probe's revert (a restarted pool)
 
     # ------------------------------------------------------------------ measurements
 
@@ -213,25 +252,36 @@ class Policy:
         and ``config`` is never tried again (a rejection)."""
         self.failed[config] = why
         if self.trying is not None and self.trying[1] == config:
-            self.trying = None
+            self.trying, self.probed = None, None
             self.rejections += 1
 
     def restart_from(self, config: LoaderConfig) -> None:
         """Go on from ``config`` (a resumed state's): its epochs are the incumbent's, nothing is being tried."""
-        self.incumbent, self.trying = config, None
+        self.incumbent, self.trying, self.probed = config, None, None
 
     # ------------------------------------------------------------------ decisions
 
     def decide(self, obs: EpochObservation) -> Decision:
         self.epochs += 1
+        self.seen_seconds += obs.seconds
         if self.epochs == 1 and not self.observe:  # rule 1: its figure would be the incumbent's noise
             self.stats.setdefault(obs.config, _Stats()).stall = obs.stall
             return Decision(self.incumbent, "warm-up", "the first epoch warms up (files, caches, workers)")
+        if self.trying is not None and obs.config == self.trying[1]:
+            if obs.probe:
+                return self._probe(obs)
+            if self.probed is not None:
+                obs, self.probed = self.probed.then(obs), None
+        restarted, self._restarted = self._restarted, False
+        if restarted and obs.config == self.incumbent and not self.observe:
+            # the rest of an epoch a probe gave back: a restarted pool's part, not the incumbent's figure
+            return self._next_move(self.stats[self.incumbent])
         stats = self._record(obs)
         if self.observe:
             return Decision(obs.config, "observe", f"{obs.seconds_per_batch * 1e3:.2f} ms a batch, stall "
                                                    f"{obs.stall:.0%}: observed")
         if self.trying is not None and obs.config == self.trying[1]:
+            self._batches = obs.batches
             return self._judge(stats)
         if obs.config != self.incumbent:  # an epoch of something else (a resumed state's): measured only
             return Decision(self.incumbent, "revert", f"back to {self.incumbent.describe()}")
@@ -257,6 +307,33 @@ class Policy:
         self.stats[self.incumbent] = _Stats([now], incumbent.chunks, incumbent.stall, incumbent.cpu_share)
         return f"conditions changed: {now * 1e3:.2f} ms a batch against {before * 1e3:.2f} before"
 
+    def _probe(self, obs: EpochObservation) -> Decision:
+        """Rule 4: the candidate's first part, reverted where clearly slower."""
+        assert self.trying is not None
+        name, config = self.trying
+        incumbent = self.stats[self.incumbent]
+        now, before = obs.steady_seconds_per_batch, incumbent.epochs[-1]
+        loss = math.log(now / before)
+        own = abs(math.log(incumbent.epochs[-1] / incumbent.epochs[-2])) if len(incumbent.epochs) > 1 else 0.0
+        need = max(LOSS, 3 * self.noise() * math.sqrt(1 / incumbent.chunks + 1), own)
+        figures = (f"{now * 1e3:.2f} vs {before * 1e3:.2f} ms a batch over its first {obs.batches} batches "
+                   f"({math.exp(loss):.3f}x slower, reverted beyond {math.exp(need):.3f}x)")
+        if loss <= need:
+            self.probed = obs
+            return Decision(config, "continue", f"{name}: {figures}: goes on")
+        self.trying, self._restarted = None, True
+        self.lost_seconds += (now - before) * obs.batches
+        return self._rejected(name, config, figures)
+
+    def _rejected(self, name: str, config: LoaderConfig, figures: str) -> Decision:
+        self.tried.add(config)
+        self.rejections += 1
+        if self.rejections >= MAX_REJECTIONS:
+            self._settle()
+            return Decision(self.incumbent, "settle", f"{name}: {figures}: reverted; settled after "
+                                                      f"{self.rejections} rejections")
+        return Decision(self.incumbent, "revert", f"{name}: {figures}: reverted")
+
     def _judge(self, candidate: _Stats) -> Decision:
         assert self.trying is not None
         name, config = self.trying
@@ -270,18 +347,18 @@ class Policy:
             self.incumbent, self.kept_move, self.rejections = config, name, 0
             self.tried = set()
             return Decision(config, "keep", f"{name}: {figures}: kept")
-        self.tried.add(config)
-        self.rejections += 1
-        if self.rejections >= MAX_REJECTIONS:
-            self._settle()
-            return Decision(self.incumbent, "settle", f"{name}: {figures}: reverted; settled after "
-                                                      f"{self.rejections} rejections")
-        return Decision(self.incumbent, "revert", f"{name}: {figures}: reverted")
+        batches = self._batches
+        self.lost_seconds += max(0.0, candidate.epochs[-1] - incumbent.epochs[-1]) * batches
+        return self._rejected(name, config, figures)
 
     def _next_move(self, incumbent: _Stats) -> Decision:
         if self.rejections >= MAX_REJECTIONS and incumbent.epochs:  # rejections a crash ended (``crashed``)
             self._settle()
             return Decision(self.incumbent, "settle", f"settled after {self.rejections} rejections")
+        if self.lost_seconds > self.explore_share * self.seen_seconds:  # rule 5: the run has to grow first
+            return Decision(self.incumbent, "measure",
+                            f"exploration waits: the rejected tries cost {self.lost_seconds:.2f} s of "
+                            f"{self.seen_seconds:.2f} s so far (at most {self.explore_share:.0%})")
         threads = None if "main_threads" in self.fixed else self.threads
         for name, config in moves(self.incumbent, incumbent.stall, max_workers=self.max_workers, cuda=self.cuda,
                                   first=self.kept_move, threads=threads, cpu_share=incumbent.cpu_share):

@@ -23,6 +23,7 @@ rank 0 decides, and its decision is broadcast: the ranks switch together.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -41,7 +42,13 @@ log = logging.getLogger("autotune")
 
 CHUNKS = 8  # an epoch's steady batches in this many chunks: the run's own noise (_adapt_policy rule 2)
 MIN_BATCHES = 4  # an epoch left sooner (a break) teaches nothing
+PROBE_SHARE = 4  # a candidate's probe: this fraction (1/4) of its epoch, or of a long epoch's part
 PART_BATCHES = 256  # a long epoch (two parts or more) is judged, and may switch, every this many batches
+
+
+def probe_batches(size: int) -> int:
+    """A candidate's probe in an epoch (or part) of ``size`` batches: a quarter of it, at least MIN_BATCHES."""
+    return max(MIN_BATCHES, size // PROBE_SHARE)
 
 
 @dataclass
@@ -122,7 +129,7 @@ class RankSync:
         v = values.tolist()
         return EpochObservation(config=obs.config, batches=int(v[3]), seconds=v[0], wait_seconds=v[1],
                                 first_wait_seconds=v[2], chunk_seconds=tuple(c for c in v[5:] if c > 0),
-                                fresh_pool=obs.fresh_pool, main_cpu_seconds=v[4])
+                                fresh_pool=obs.fresh_pool, main_cpu_seconds=v[4], probe=obs.probe)
 
     def broadcast(self, decision: Decision | None) -> Decision:
         payload = [None if decision is None else
@@ -175,6 +182,7 @@ class _Pending:
     config: LoaderConfig
     fresh: bool
     cpu_start: float = field(default_factory=time.process_time)  # the main process's CPU clock, all threads
+    probe: bool = False  # a candidate's first part: ends after ``probe_batches`` (the policy's rule 4)
 
     def estimated_end(self) -> float:
         waits, marks = self.clock.waits, self.marks
@@ -264,6 +272,7 @@ class AdaptiveLoader:
         self._active: Any = None  # the inner iterator of the epoch being read
         self._completed: set[LoaderConfig] = set()  # configurations that read a part without failing
         self._note: str | None = None  # a failed candidate's warning, said once the incumbent went past it
+        self._trial = False  # the last decision was a try: the next part starts with its probe
         self.epoch = 0
 
     @property
@@ -336,6 +345,19 @@ class AdaptiveLoader:
                 and position % size == 0 and total - position >= size
                 and not (self.epoch == 0 and self.config.cache_fill == "first_epoch"))
 
+    def _probe_ends(self, pending: _Pending, position: int, total: int | None) -> bool:
+        """Whether a candidate's probe ends after batch ``position``: a quarter of its epoch (or of a long
+        epoch's part), at least ``MIN_BATCHES``, with at least ``MIN_BATCHES`` of the epoch left for the rest;
+        only with an owned index stream (the incumbent takes the epoch back mid-way)."""
+        if not pending.probe or self._stream is None or total is None:
+            return False
+        size = self.part_batches if 0 < self.part_batches and total >= 2 * self.part_batches else total
+        return len(pending.marks) == probe_batches(size) and total - position >= MIN_BATCHES
+
+    def _new_pending(self, clock: HostClock, fresh: bool) -> _Pending:
+        probe, self._trial = self._trial, False
+        return _Pending(clock, [], clock.now(), self.config, fresh, probe=probe)
+
     def __iter__(self) -> Iterator[Any]:
         self._finish_pending()  # an epoch its consumer left at its last batch (len known): ends before this one
         self._drop_old()
@@ -348,7 +370,7 @@ class AdaptiveLoader:
             total: int | None = len(self._loader)
         except TypeError:  # a stream without a length: an epoch ends at StopIteration only
             total = None
-        pending = _Pending(clock, [], clock.now(), self.config, fresh)
+        pending = self._new_pending(clock, fresh)
         iterator: Any = None
         count = 0
         ended = None
@@ -368,6 +390,7 @@ class AdaptiveLoader:
                         raise
                     iterator = None
                     clock.epoch_waits()  # the part mixed two configurations: it teaches nothing
+                    self._trial = False
                     pending = _Pending(clock, [], clock.now(), self.config, True)
                     self._fresh = False
                     continue
@@ -387,12 +410,13 @@ class AdaptiveLoader:
                     # whole by count: a training loop that knows len (Lightning) never asks past the last batch
                     self._pending = pending
                 yield batch
-                if self._pending is not pending and self._boundary(position, total):
+                probe = self._probe_ends(pending, position, total)
+                if self._pending is not pending and (probe or self._boundary(position, total)):
                     loader = self._loader
-                    self._end(pending, clock.now(), mid_epoch=True)
+                    self._end(pending, clock.now(), mid_epoch=True, probe=probe)
                     if self._loader is not loader:
                         iterator = None  # stopped: the next loader continues the epoch
-                    pending = _Pending(clock, [], clock.now(), self.config, self._fresh)
+                    pending = self._new_pending(clock, self._fresh)
                     self._fresh = False
             ended = clock.now()
         finally:
@@ -452,12 +476,13 @@ class AdaptiveLoader:
         if pending is not None:
             self._end(pending, ended if ended is not None else pending.estimated_end())
 
-    def _end(self, pending: _Pending, end: float, *, mid_epoch: bool = False) -> None:
+    def _end(self, pending: _Pending, end: float, *, mid_epoch: bool = False, probe: bool = False) -> None:
         waits = pending.clock.epoch_waits()
         if len(waits) >= MIN_BATCHES:
             self._completed.add(pending.config)
-            self._end_epoch(_epoch_stats(waits, pending.marks, pending.start, end, pending.config, pending.fresh,
-                                         time.process_time() - pending.cpu_start), mid_epoch)
+            obs = _epoch_stats(waits, pending.marks, pending.start, end, pending.config, pending.fresh,
+                               time.process_time() - pending.cpu_start)
+            self._end_epoch(dataclasses.replace(obs, probe=probe) if probe else obs, mid_epoch)
 
     def _end_epoch(self, obs: EpochObservation, mid_epoch: bool = False) -> None:
         if self._read_memory:
@@ -470,9 +495,10 @@ class AdaptiveLoader:
         event = Event(self.epoch, obs.config, obs.seconds_per_batch, obs.stall, decision.event, decision.line,
                       decision.config, mid_epoch)
         self.history.events.append(event)
+        self._trial = decision.event in ("try", "reopen") and decision.config != self.config
         if not mid_epoch:
             self.epoch += 1
-        if decision.event not in ("measure", "observe", "warm-up"):
+        if decision.event not in ("measure", "observe", "warm-up", "continue"):
             where = " (mid-epoch)" if mid_epoch else ""
             log.info("autotune adapt, epoch %d%s: %s", event.epoch + 1, where, decision.line)
         if self._on_epoch is not None:

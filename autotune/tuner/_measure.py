@@ -24,7 +24,7 @@ from autotune.caches._lock import BuildLock
 from autotune.caches._trust import check_trusted
 from autotune.config import LoaderConfig, partial_count
 from autotune.loader import DeviceConsumer, make_loader, prepare_source
-from autotune.machine import EvictionReport, evict, tree_pss
+from autotune.machine import EvictionReport, TreeMemory, evict, tree_memory
 from autotune.process import apply_at_runtime
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._predict import HEAD, EpochTiming, predict
@@ -59,6 +59,9 @@ class Plan:
     files: tuple[str, ...] = ()
     cold_every_epoch: bool = False
     sample_memory: bool = True
+    # The trial was forked from a process that holds the pages it shares (the search's forkserver, or the search
+    # itself): its memory is what it adds beyond them (``machine.tree_memory``), as the plan counts it.
+    forked: bool = False
     # A stream (IterableDataset): each epoch reads its first len(indices) samples, in whole batches, in the
     # stream's own order (no shuffle, no sampler, no cache); ``indices`` only counts them.
     stream: bool = False
@@ -208,11 +211,13 @@ def _evict(plan: Plan) -> EvictionReport | None:
     return evict(plan.files)
 
 
-def timed_epoch(loader: Any, consume: Callable[..., Any], *, sample_memory: bool = False,
+def timed_epoch(loader: Any, consume: Callable[..., Any], *, sample_memory: bool = False, forked: bool = False,
                 on_batch: Callable[[int, float, float], None] | None = None,
-                should_stop: Callable[[], bool] | None = None, batches: int | None = None) -> tuple[EpochTiming, int]:
-    """Time one epoch under the consumer; returns its timing and the memory read at its end (0 when not
-    sampled). ``on_batch(count, elapsed, first_batch)`` sees progress; ``should_stop`` can end it early.
+                should_stop: Callable[[], bool] | None = None,
+                batches: int | None = None) -> tuple[EpochTiming, TreeMemory]:
+    """Time one epoch under the consumer; returns its timing and the memory read at its end (zeros when not
+    sampled; ``forked``: this process was forked from its parent, whose pages it shares are not its own).
+    ``on_batch(count, elapsed, first_batch)`` sees progress; ``should_stop`` can end it early.
     ``batches`` bounds a stream's epoch: the iterator is then dropped after that many (a stream may be
     endless), not drained."""
     expected = len(loader) if batches is None else batches
@@ -221,7 +226,7 @@ def timed_epoch(loader: Any, consume: Callable[..., Any], *, sample_memory: bool
     first = None
     head = None
     count = 0
-    memory = 0
+    memory = TreeMemory(0, 0)
     for batch in iterator:
         consume(batch)
         count += 1
@@ -237,7 +242,7 @@ def timed_epoch(loader: Any, consume: Callable[..., Any], *, sample_memory: bool
         if count == expected:
             elapsed = now - start
             if sample_memory:
-                memory = tree_pss()  # clock already stopped; workers still alive
+                memory = tree_memory(forked_from=os.getppid() if forked else None)  # clock stopped; workers alive
             if batches is None:
                 for _ in iterator:  # let the iterator finish its own shutdown, outside the clock
                     pass
@@ -289,7 +294,7 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     n = len(plan.indices)
     full_batches = -(-plan.length // workload.batch_size)
     timings: list[EpochTiming] = []
-    peak = 0
+    peak = added = 0
 
     bound = plan.stream_batches(workload.batch_size)
     batches = len(loader) if bound is None else bound
@@ -324,10 +329,11 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     for epoch in range(plan.epochs_measured):
         if epoch and plan.cold_every_epoch:
             evictions.append(_evict(plan))
-        timing, memory = timed_epoch(loader, consume, sample_memory=plan.sample_memory, on_batch=progress(epoch),
+        timing, memory = timed_epoch(loader, consume, sample_memory=plan.sample_memory, forked=plan.forked,
+                                     on_batch=progress(epoch),
                                      should_stop=should_stop, batches=bound)
         timings.append(timing)
-        peak = max(peak, memory)
+        peak, added = max(peak, memory.pss), max(added, memory.added)
     del loader
     gc.collect()
     if isinstance(source.cache, DiskFill):
@@ -337,6 +343,7 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
         source.cache.close()
         fixed += (time.perf_counter() - start) * plan.length / len(plan.indices)
     peak = whole_run_peak(peak, memory_bytes, build_samples, build_length)
+    added = whole_run_peak(added, memory_bytes, build_samples, build_length)
     first, warm = timings[0], timings[-1]
     length = plan.length
     if bound is not None and first.batches < bound:  # the stream ended before the bound: read whole
@@ -349,6 +356,7 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     origin = getattr(source.cache, "origin", None)
     builder = (getattr(source.cache, "manifest", None) or {}).get("builder", {}).get("id")
     return Measurement(prediction=prediction, epochs=tuple(timings), measured_samples=n, peak_memory_bytes=peak,
+                       added_memory_bytes=added,
                        build_seconds_subset=build_seconds, eviction=evictions[0],
                        process_applied=tuple(applied.applied), process_not_applied=tuple(applied.not_applied),
                        cache_origins=(origin,) if origin is not None else (),

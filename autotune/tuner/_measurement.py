@@ -34,6 +34,10 @@ class Measurement:
     # PSS of the trial and its workers at an epoch's end, a memory cache scaled from the subset to the whole
     # dataset (``_measure.whole_run_peak``); summed over ranks, max over runs
     peak_memory_bytes: int
+    # What the same run adds to the job's memory (``machine.tree_memory``: less the pages a forked trial
+    # shares with its forkserver): the figure the budget is held to, as the memory plan counts it. None: an
+    # older study, whose peak stands for it.
+    added_memory_bytes: int | None = None
     build_seconds_subset: float | None = None  # the cache build on the subset; None: not stored (an older study)
     eviction: EvictionReport | None = None  # before the first epoch; None: no files to evict, or not stored
     process_applied: tuple[str, ...] = ()  # process settings applied in the trial (process/_settings.py)
@@ -44,6 +48,11 @@ class Measurement:
     # rank's build of a disk cache its ranks share) and the id of the build it read; () without a cache.
     cache_origins: tuple[str, ...] = ()
     cache_builders: tuple[str, ...] = ()
+
+    @property
+    def charged_bytes(self) -> int:
+        """What the run adds to the job's memory (its peak where an older study did not record it)."""
+        return self.peak_memory_bytes if self.added_memory_bytes is None else self.added_memory_bytes
 
     @property
     def total_seconds(self) -> float:
@@ -79,6 +88,7 @@ class Measurement:
             return results[0]
         slowest = max(results, key=lambda r: r.total_seconds)
         return replace(slowest, peak_memory_bytes=sum(r.peak_memory_bytes for r in results),
+                       added_memory_bytes=sum(r.charged_bytes for r in results),
                        measured_samples=sum(r.measured_samples for r in results),
                        ranks=tuple(r.total_seconds for r in results),
                        cache_origins=tuple(o for r in results for o in r.cache_origins),
@@ -101,6 +111,7 @@ class Measurement:
             prediction = replace(prediction, **{
                 name: (getattr(prediction, name) + getattr(upper, name)) / 2 for name in _TIMES})
         return replace(chosen, prediction=prediction, peak_memory_bytes=max(r.peak_memory_bytes for r in results),
+                       added_memory_bytes=max(r.charged_bytes for r in results),
                        runs=tuple(r.total_seconds for r in results))
 
 
