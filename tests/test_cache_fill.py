@@ -392,3 +392,52 @@ def test_a_batch_that_draws_hands_its_samples_and_writes_none_of_them():
     assert isinstance(batch, list) and all(samples_equal(a, b) for a, b in zip(batch, expected, strict=True))
     assert cache.random[0] and not cache.filled[positions].any()
     assert not any(column[positions].any() for column in cache.columns), "a drawing batch's bytes in the cache"
+
+
+class Watching(Numeric):
+    """Records, at each read, which of the fill's positions already hold their sample in the columns."""
+
+    def __init__(self) -> None:
+        self.cache: FirstEpochCache | None = None
+        self.seen: list[tuple[int, list[int], int]] = []
+
+    def __getitem__(self, i: int):
+        if self.cache is not None:
+            self.seen.append((i, [k for k in range(len(self)) if bool(self.cache.columns[0][k].any())],
+                              int(self.cache.filled[16:].sum())))
+        return super().__getitem__(i)
+
+
+def test_a_fill_batch_writes_each_sample_before_the_next_read_and_trusts_it_only_after_the_batch():
+    """Each sample is written while it is still in the CPU's cache, not after the whole batch is read, and
+    no position of the batch is marked filled before the batch's draw check."""
+    dataset = Watching()
+    cache = FirstEpochCache(dataset)
+    dataset.cache = cache
+    data, _ = filling_source(cache, None, None)
+    positions = [18, 30, 17, 25]
+    dataset.seen.clear()
+    data.__getitems__(positions)
+    assert [(i, [k for k in done if k in positions], filled) for i, done, filled in dataset.seen] == [
+        (18, [], 0), (30, [18], 0), (17, [18, 30], 0), (25, [17, 18, 30], 0)]
+    assert cache.filled[positions].all()
+    assert all(samples_equal(cache[k], dataset[k]) for k in positions)
+
+
+class Failing(Numeric):
+    def __getitem__(self, i: int):
+        if i == 23:
+            raise OSError("unreadable file 23")
+        return super().__getitem__(i)
+
+
+def test_a_fill_batch_whose_read_fails_leaves_the_columns_as_it_found_them():
+    cache = FirstEpochCache(Failing())
+    data, _ = filling_source(cache, None, None)
+    before = [column.copy() for column in cache.columns]
+    with pytest.raises(OSError, match="unreadable file 23"):
+        data.__getitems__([20, 21, 22, 23, 24])
+    assert not cache.filled[[20, 21, 22, 23, 24]].any() and not cache.whole
+    assert all(np.array_equal(a, b) for a, b in zip(before, cache.columns, strict=True))
+    data.__getitems__([20, 21, 22])
+    assert cache.filled[[20, 21, 22]].all() and all(samples_equal(cache[k], Numeric()[k]) for k in (20, 21, 22))
