@@ -394,36 +394,6 @@ def test_a_batch_that_draws_hands_its_samples_and_writes_none_of_them():
     assert not any(column[positions].any() for column in cache.columns), "a drawing batch's bytes in the cache"
 
 
-class Watching(Numeric):
-    """Records, at each read, which of the fill's positions already hold their sample in the columns."""
-
-    def __init__(self) -> None:
-        self.cache: FirstEpochCache | None = None
-        self.seen: list[tuple[int, list[int], int]] = []
-
-    def __getitem__(self, i: int):
-        if self.cache is not None:
-            self.seen.append((i, [k for k in range(len(self)) if bool(self.cache.columns[0][k].any())],
-                              int(self.cache.filled[16:].sum())))
-        return super().__getitem__(i)
-
-
-def test_a_fill_batch_writes_each_sample_before_the_next_read_and_trusts_it_only_after_the_batch():
-    """Each sample is written while it is still in the CPU's cache, not after the whole batch is read, and
-    no position of the batch is marked filled before the batch's draw check."""
-    dataset = Watching()
-    cache = FirstEpochCache(dataset)
-    dataset.cache = cache
-    data, _ = filling_source(cache, None, None)
-    positions = [18, 30, 17, 25]
-    dataset.seen.clear()
-    data.__getitems__(positions)
-    assert [(i, [k for k in done if k in positions], filled) for i, done, filled in dataset.seen] == [
-        (18, [], 0), (30, [18], 0), (17, [18, 30], 0), (25, [17, 18, 30], 0)]
-    assert cache.filled[positions].all()
-    assert all(samples_equal(cache[k], dataset[k]) for k in positions)
-
-
 class Failing(Numeric):
     def __getitem__(self, i: int):
         if i == 23:
@@ -432,6 +402,8 @@ class Failing(Numeric):
 
 
 def test_a_fill_batch_whose_read_fails_leaves_the_columns_as_it_found_them():
+    """A read that raises mid-batch: nothing of the batch is trusted or in the columns, and a later batch
+    without the failing sample fills exactly."""
     cache = FirstEpochCache(Failing())
     data, _ = filling_source(cache, None, None)
     before = [column.copy() for column in cache.columns]

@@ -147,25 +147,15 @@ class WatchedReads:
             raise RandomSamples(message(*drawn))
         return samples
 
-    def read_all_noting(self, indices: Sequence[int], each: Callable[[int, Any], None] | None = None
-                        ) -> tuple[list[Any], tuple[int, str] | None]:
+    def read_all_noting(self, indices: Sequence[int]) -> tuple[list[Any], tuple[int, str] | None]:
         """``[dataset[i] for i in indices]`` and, when a read drew, ``(i, "drew from <generator>")`` of one
-        that did. ``each(j, sample)``, if given, runs right after the j-th read, inside the watch (a fill
-        writes the sample while it is still in the CPU's cache; it must not draw, and the caller undoes
-        it when the batch drew). The generators are compared once around the whole batch, not around
-        each read: a draw anywhere in it moves a state for good, so it is seen as surely, and the
-        states' copies and comparisons (a quarter of a JPEG read's time, paid per sample) are paid once
-        per batch. Only a batch that drew is read again, one sample at a time, to name the index that
-        draws."""
+        that did. The generators are compared once around the whole batch, not around each read: a
+        draw anywhere in it moves a state for good, so it is seen as surely, and the states' copies and
+        comparisons (a quarter of a JPEG read's time, paid per sample) are paid once per batch. Only a
+        batch that drew is read again, one sample at a time, to name the index that draws."""
         watch = self._watch_here()
         before = watch.snapshot()
-        if each is None:
-            samples = [self.dataset[i] for i in indices]
-        else:
-            samples = []
-            for j, i in enumerate(indices):
-                samples.append(self.dataset[i])
-                each(j, samples[-1])
+        samples = [self.dataset[i] for i in indices]
         drawn = watch.drew(before)
         if drawn is None:
             return samples, None

@@ -111,61 +111,27 @@ class FirstEpochCache(Dataset[Any]):
                         message(self.indices[k], f"drew from {drawn}"))
         return sample
 
-    def _read_and_keep(self, ks: Sequence[int]) -> list[Any]:
-        """``_read`` of each position of ``ks``, the generators watched once around them all, and each
-        sample's columns written as soon as it is read, while its bytes are still in the CPU's cache (a
-        batch read first and written after reads them back from memory: ~0.15 ms a 600 KB sample,
-        measured). A position is marked filled only once the whole batch is known to have drawn
-        nothing; a batch that drew, or a read that raised, has the rows it wrote zeroed again, so it
-        leaves the columns as it found them, as when nothing was written before the check."""
-        kept: list[int] = []
-
-        def write(j: int, sample: Any) -> None:
-            if self._write(ks[j], sample):
-                kept.append(ks[j])
-
-        try:
-            samples, drawn = self._reads.read_all_noting([self.indices[k] for k in ks], write)
-        except BaseException:
-            self._unwrite(kept)
-            raise
-        self._note(drawn)
-        if drawn is not None:
-            self._unwrite(kept)
-        else:
-            self.filled[kept] = 1  # after the columns: a reader that sees the byte sees the sample
-        return samples
-
-    def _note(self, drawn: tuple[int, str] | None) -> None:
+    def _read_all(self, ks: Sequence[int]) -> list[Any]:
+        """``_read`` of each position of ``ks``, the generators watched once around them all."""
+        samples, drawn = self._reads.read_all_noting([self.indices[k] for k in ks])
         if drawn is not None and self.random is not None and not self.random[0]:
             self.random[0] = 1
             log.warning("autotune: %s; this run reads the source every epoch and keeps no cache.", message(*drawn))
+        return samples
 
     def _keep(self, k: int, sample: Any) -> None:
-        if self._write(k, sample):
-            self.filled[k] = 1  # after the columns: a reader that sees the byte sees the sample
-
-    def _write(self, k: int, sample: Any) -> bool:
-        """Write the sample's columns at position k (not yet trusted); whether the cache keeps it."""
         if not self.attached or self.schema.has_blob_leaves or self.random[0]:
-            return False
+            return
         enc = encode(self.schema, sample)
         if enc.columns is None:  # overflow: not kept, read from the source every epoch
-            return False
-        self._put(k, enc.columns)
-        return True
-
-    def _put(self, k: int, values: Sequence[Any]) -> None:
+            return
         if self.files is not None:
-            for file, value in zip(self.files, values):
+            for file, value in zip(self.files, enc.columns):
                 file.write(k, value)
         else:
-            for column, value in zip(self.columns, values):
+            for column, value in zip(self.columns, enc.columns):
                 column[k] = value
-
-    def _unwrite(self, ks: Sequence[int]) -> None:
-        for k in ks:
-            self._put(k, [0] * len(self.columns))
+        self.filled[k] = 1  # after the columns: a reader that sees the byte sees the sample
 
     def __getitem__(self, k: int) -> Any:
         if k < 0:
@@ -233,7 +199,9 @@ class GatheringFill(Dataset[Any]):
         # Each missing sample read once, from the source into the cache; kept in hand in case the batch
         # cannot be gathered (a sample the cache does not keep, a draw), so none is read twice.
         missing = [int(k) for k in idx[cache.filled[idx] == 0]]
-        read = dict(zip(missing, cache._read_and_keep(missing)))
+        read = dict(zip(missing, cache._read_all(missing)))
+        for k, sample in read.items():
+            cache._keep(k, sample)
         if not (cache.filled[idx].all() and not cache.random[0]):
             return [read[k] if k in read else cache[k] for k in positions]
         if get_worker_info() is not None and os.getppid() == cache.owner:  # the training process unpickles it

@@ -14,7 +14,7 @@ import torch
 
 from autotune.caches._base import Cache, read_source, stored_manifest
 from autotune.caches._codec import decode, encode, infer_schema
-from autotune.caches._draws import RandomSamples, WatchedReads, message
+from autotune.caches._draws import WatchedReads
 from autotune.caches._family import register
 from autotune.machine import FileColumn, populate
 
@@ -75,14 +75,8 @@ class _ColumnWriter(torch.utils.data.Dataset[Any]):
         return self._write(k, self.reads.read(self.indices[k]))
 
     def __getitems__(self, positions: list[int]) -> list[tuple[int, bool, torch.Tensor | None]]:
-        # Watched once per batch; each sample written as soon as it is read, while it is still in the CPU's
-        # cache (a batch that drew fails the build, so nothing written before the check is ever read).
-        out: list[tuple[int, bool, torch.Tensor | None]] = []
-        _, drawn = self.reads.read_all_noting([self.indices[k] for k in positions],
-                                              lambda j, sample: out.append(self._write(positions[j], sample)))
-        if drawn is not None:
-            raise RandomSamples(message(*drawn))
-        return out
+        samples = self.reads.read_all([self.indices[k] for k in positions])  # watched once per batch
+        return [self._write(k, sample) for k, sample in zip(positions, samples)]
 
     def _write(self, k: int, sample: Any) -> tuple[int, bool, torch.Tensor | None]:
         enc = encode(self.schema, sample)
