@@ -170,7 +170,7 @@ def search(dataset: Any, *, batch_size: int = DEFAULT_BATCH_SIZE, epochs: int = 
     """Tune a DataLoader for ``dataset`` on this machine and return the Recipe (also written to ``output``).
 
     ``options`` are `autotune search`'s: budget ("2m" or seconds), workdir, storage, seed, caches,
-    max_memory, max_workers, ranks_per_node, data_dir, progress, resume_only; their defaults are
+    max_memory, max_workers, ranks_per_node, data_dir, progress, max_trials, resume_only; their defaults are
     SearchOptions' (autotune/tuner/_options.py). ``dataset`` is map-style or a stream (an IterableDataset);
     a stream is measured over a bounded number of batches, and its epoch extrapolated from them when its
     length is known (``__len__``, or ``samples_per_epoch``). The multiprocessing start method is the

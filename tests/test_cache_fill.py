@@ -392,3 +392,24 @@ def test_a_batch_that_draws_hands_its_samples_and_writes_none_of_them():
     assert isinstance(batch, list) and all(samples_equal(a, b) for a, b in zip(batch, expected, strict=True))
     assert cache.random[0] and not cache.filled[positions].any()
     assert not any(column[positions].any() for column in cache.columns), "a drawing batch's bytes in the cache"
+
+
+class Failing(Numeric):
+    def __getitem__(self, i: int):
+        if i == 23:
+            raise OSError("unreadable file 23")
+        return super().__getitem__(i)
+
+
+def test_a_fill_batch_whose_read_fails_leaves_the_columns_as_it_found_them():
+    """A read that raises mid-batch: nothing of the batch is trusted or in the columns, and a later batch
+    without the failing sample fills exactly."""
+    cache = FirstEpochCache(Failing())
+    data, _ = filling_source(cache, None, None)
+    before = [column.copy() for column in cache.columns]
+    with pytest.raises(OSError, match="unreadable file 23"):
+        data.__getitems__([20, 21, 22, 23, 24])
+    assert not cache.filled[[20, 21, 22, 23, 24]].any() and not cache.whole
+    assert all(np.array_equal(a, b) for a, b in zip(before, cache.columns, strict=True))
+    data.__getitems__([20, 21, 22])
+    assert cache.filled[[20, 21, 22]].all() and all(samples_equal(cache[k], Numeric()[k]) for k in (20, 21, 22))

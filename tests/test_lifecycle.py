@@ -264,3 +264,46 @@ def test_a_search_killed_mid_build_of_a_cache_its_ranks_share_leaves_one_folder_
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     _list_and_clear_the_one_leftover(tmp_path, trials, capsys)
+
+
+def test_a_stop_while_the_workers_start_waits_for_them_and_leaves_no_exception_ignored(tmp_path):
+    """The runner stops a trial with SIGTERM (the guard, a timeout, a prune): one that lands while torch's
+    iterator starts its workers (any of the trial's: an epoch's, a cache build's) used to interrupt its __init__,
+    whose half-built object then printed "Exception ignored in ... _MultiProcessingDataLoaderIter.__del__ ...
+    _workers_status" when the trial, having caught the stop, collected it. The stop now waits until the
+    iterator is whole, then unwinds through it, which stops its workers."""
+    script = textwrap.dedent("""
+        import gc, multiprocessing, os, signal
+        import multiprocessing.context as mpc
+        from torch.utils.data import DataLoader
+        from autotune.tuner import _runner
+
+        class Stopping(mpc.ForkProcess):
+            started = 0
+
+            def start(self):
+                Stopping.started += 1
+                if Stopping.started == 2:  # the runner's one stop, with one worker started and one to go
+                    os.kill(os.getpid(), signal.SIGTERM)
+                super().start()
+
+        class Context(mpc.ForkContext):
+            Process = Stopping
+
+        _runner._TRIAL_PID = os.getpid()
+        signal.signal(signal.SIGTERM, _runner._exit_on_sigterm)
+        _runner._hold_stops_while_workers_start()  # as _trial_main sets the trial process up
+        loader = DataLoader(list(range(16)), batch_size=4, num_workers=2, multiprocessing_context=Context())
+        try:
+            for batch in loader:  # the iterator a cache build or an epoch makes
+                pass
+            print("not stopped")
+        except SystemExit as stop:  # as the trial's main catches it: the process goes on, and collects
+            del stop
+            gc.collect()
+            print("stopped")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0 and done.stdout.split() == ["stopped"], (done.returncode, done.stdout, done.stderr)
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr

@@ -22,7 +22,7 @@ MIB = 1 << 20
 # MiB (the server's 100 MiB interpreter is resident before the budget is read, and shared); a trial spawned for a
 # preloaded allocator holds an interpreter of its own: 140 MiB. A forked worker at prefetch 1: 10 + 16 = 26 MiB; a
 # spawned one adds an interpreter and the dataset: 130 MiB.
-MEMORY = TrialMemory(budget=200 * MIB, interpreter=100 * MIB, dataset=4 * MIB, batch_bytes=10 * MIB,
+MEMORY = TrialMemory(budget=200 * MIB, interpreter=100 * MIB, heap=16 * MIB, dataset=4 * MIB, batch_bytes=10 * MIB,
                      available=429 * MIB, limit_text="the cgroup memory limit of 700.0 MiB (test)")
 SPACE = Space(max_workers=8, contexts=("fork", "forkserver", "spawn"), prefetch_factors=(1, 2, 4, 8))
 
@@ -228,3 +228,23 @@ def test_what_a_forked_tree_adds_is_its_own_pages_not_the_ones_it_shares_with_it
     assert 40 * MIB <= added1 - added0 < 44 * MIB
     assert 20 * MIB <= added2 - added1 < 24 * MIB
     assert added3 == pss3 >= pss1
+
+
+def test_the_heap_is_measured_by_a_probe_forked_from_the_resident_forkserver():
+    """No constant: the heap of a trial and of each forked worker is what a probe forked from the trials'
+    forkserver adds once it has run (the guard's accounting), and the plan's cuts follow it."""
+    from workloads import Numbers
+
+    from autotune.dataset._userfile import UserSpec
+    from autotune.tuner._preparation import trial_memory
+    from autotune.tuner._runner import forkserver_pid, waiting_forkserver
+
+    memory = trial_memory(UserSpec(dataset=Numbers(8), source="<test>", batch_size=4, epochs=1), batch_bytes=64,
+                          ranks=1, max_memory=300 * MIB)
+    assert waiting_forkserver() == forkserver_pid() is not None  # the probe waited for the server's imports
+    assert 0 < memory.heap < memory.interpreter  # a fork writes a part of the interpreter it shares
+    assert memory.need(DEFAULT) == memory.heap + memory.dataset + 2 * 64
+    assert memory.need(LoaderConfig(num_workers=2, prefetch_factor=2)) == memory.need(DEFAULT) + 2 * (memory.heap + 128)
+    # the cut follows the measured heap: at 47 MiB (this machine's probe) two of the test space's workers fit
+    assert fit_space(SPACE, replace(MEMORY, heap=47 * MIB))[0].max_workers == 2  # 47 + 4 + 20 + 2 x 57 = 185 of 200
+    assert fit_space(SPACE, replace(MEMORY, heap=16 * MIB))[0].max_workers == 6

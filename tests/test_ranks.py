@@ -201,10 +201,9 @@ def test_the_memory_budget_counts_a_memory_cache_once_per_rank(tmp_path, monkeyp
     """A memory cache that fits the budget once but not twice is offered to one rank, not to two; a disk
     cache, built once per node, stays. The trials' own processes are planned elsewhere (test_memory_plan.py):
     here they cost nothing, so the budget is the cache's alone."""
-    from autotune.tuner import _memory_plan, _preparation
+    from autotune.tuner import _preparation, _runner
 
-    monkeypatch.setattr(_memory_plan, "TRIAL_HEAP", 0)
-    monkeypatch.setattr(_preparation, "process_uss", lambda pid=None: 0)
+    monkeypatch.setattr(_preparation, "fork_charges", lambda: _runner.ForkCharges(interpreter=0, forked=0))
     monkeypatch.setattr(_preparation, "pickled_size", lambda value: 0)
     spec = UserSpec(dataset=Numbers(64), source="<test>", batch_size=8, epochs=2)
     probe = prepare(spec, SearchOptions(budget=30, workdir=tmp_path, progress=False)).probe

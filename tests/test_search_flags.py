@@ -50,6 +50,7 @@ def folder(tmp_path, monkeypatch):
     (["--max-memory", "inf"], "Memory size must be a finite size"),
     (["--max-memory", "nan"], "Memory size must be a finite size"),
     (["--max-memory", "0.5"], "under 1 MiB"),
+    (["--max-trials", "0"], "--max-trials must be an integer of at least 1, but got 0"),
     (["--output", "corrupt.json"], "corrupt.json is corrupt: not valid JSON"),
     (["--output", "future.json"], "format version 99, newer than this autotune reads"),
     (["--output", "a_folder.json"], "is a folder"),

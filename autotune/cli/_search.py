@@ -41,7 +41,7 @@ def add_search_arguments(p: argparse.ArgumentParser) -> None:
             continue
         shown = f" (default {format_seconds(default)})" if f.name == "budget" else (
             f" (default {default})" if default is not None and "(default" not in f.metadata["help"] else "")
-        if isinstance(default, int) or f.name == "max_workers":
+        if isinstance(default, int) or f.name in ("max_workers", "max_trials"):
             p.add_argument(flag, dest=f.name, type=int, default=None, help=f.metadata["help"] + shown)
         else:  # text: SearchOptions reads it ("2m", "8G", "memory,pickle")
             p.add_argument(flag, dest=f.name, default=None, help=f.metadata["help"] + shown)

@@ -4,6 +4,10 @@ and the folders of a search that was killed anyway are found and removed later.
 - ``stop_on_signals``: SIGTERM and SIGHUP (a scheduler's pre-emption, a closed terminal) raise ``Stopped``
   in the search, so the ``finally`` blocks that stop a trial's process tree and remove its folder run, as
   they do for Ctrl-C (KeyboardInterrupt). The command line exits 128 + the signal's number.
+- ``stop_held``: inside a trial process, a stop signal that arrives while a DataLoader starts its workers waits
+  until they are started. torch's ``_MultiProcessingDataLoaderIter.__init__`` interrupted half-way leaves an
+  object whose ``__del__`` fails ("Exception ignored ... no attribute '_workers_status'") and workers it no
+  longer tracks; started whole, the iterator stops them cleanly as the stop unwinds.
 - ``watch_parent``: inside a trial process, a thread that kills the trial's whole tree the moment its
   parent is gone (the search was killed with SIGKILL), even when the trial's main thread is stuck in a read.
 
@@ -22,6 +26,7 @@ import threading
 from collections.abc import Iterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_HELD: list[int | None] = [0, None]  # how deep inside ``stop_held``, and the exit a held stop asked for
 _PR_SET_PDEATHSIG = 1
 
 
@@ -100,3 +105,25 @@ def kill_descendants() -> None:
     for child in children:
         with contextlib.suppress(Exception):
             child.kill()
+
+
+@contextlib.contextmanager
+def stop_held() -> Iterator[None]:
+    """While inside, ``stop_or_hold`` only notes the stop; it is raised on leaving (see the module's note)."""
+    _HELD[0] = int(_HELD[0] or 0) + 1
+    try:
+        yield
+    finally:
+        _HELD[0] = int(_HELD[0] or 1) - 1
+        code = _HELD[1]
+        if not _HELD[0] and code is not None:
+            _HELD[1] = None
+            raise SystemExit(code)
+
+
+def stop_or_hold(code: int) -> None:
+    """Raise ``SystemExit(code)`` now, or on leaving ``stop_held`` when inside it (a signal handler's stop)."""
+    if _HELD[0]:
+        _HELD[1] = code
+        return
+    raise SystemExit(code)

@@ -10,10 +10,13 @@ measured, and what cannot fit is not tried, with a note, instead of being left t
   read and the trial shares them, so they are not what it adds (and the runner's guard and the trial's own
   figure count the same: ``machine.tree_memory`` takes the shared pages off the tree's PSS); a trial spawned
   for a preloaded allocator is a fresh interpreter, and holds one whole;
-- the dataset as it unpickles it, its heap (``TRIAL_HEAP``) and ``BATCHES_IN_MAIN`` batches (the one being
-  consumed and the one collated or received);
+- ``heap``: what a process forked from a resident interpreter writes of the pages it shares once it has run
+  (measured at the search's start: a probe forked from the forkserver runs a full collection, which writes
+  every object's header, and ``tree_memory`` reads what it adds; ``tuner._runner.fork_charges``); then the
+  dataset as it unpickles it and ``BATCHES_IN_MAIN`` batches (the one being consumed and the one collated or
+  received);
 - per DataLoader worker, its prefetched batches (``prefetch_factor`` of them, in shared memory the job is
-  charged for) and its own heap (``WORKER_HEAP``); a spawned or forkserver worker is a fresh interpreter
+  charged for) and ``heap`` (a forked worker is such a process); a spawned or forkserver worker is a fresh interpreter
   holding its own copy of the dataset, and forkserver workers add their server's interpreter once;
 - a memory cache of the whole run (its share of it), as the recipe will hold it;
 - all of it once per rank.
@@ -34,13 +37,8 @@ from autotune.machine import BUDGET_SHARE
 from autotune.process import get_allocator
 from autotune.tuner._space import Space
 
-__all__ = ["BATCHES_IN_MAIN", "TRIAL_HEAP", "WORKER_HEAP", "MemoryTooSmall", "TrialMemory", "fit_space"]
+__all__ = ["BATCHES_IN_MAIN", "MemoryTooSmall", "TrialMemory", "fit_space"]
 
-MIB = 1 << 20
-# Measured here (the JPEG example, 2 forked workers, prefetch 2): a worker held 52-56 MiB of private pages
-# with one 38 MiB batch in flight, so ~14-18 MiB of its own; the trial process with no workers grew 11 MiB.
-WORKER_HEAP = 16 * MIB
-TRIAL_HEAP = 16 * MIB
 BATCHES_IN_MAIN = 2
 FRESH_CONTEXTS = ("spawn", "forkserver")  # DataLoader start methods whose workers are fresh interpreters
 
@@ -55,6 +53,7 @@ class TrialMemory:
 
     budget: int  # what one candidate's processes may hold together (every rank's)
     interpreter: int  # a fresh interpreter with torch and the trial's modules (the forkserver's USS)
+    heap: int  # what a process forked from a resident interpreter adds once it has run (measured: fork_charges)
     dataset: int  # the workload as a trial unpickles it (its pickle's length)
     batch_bytes: int
     ranks: int = 1
@@ -63,13 +62,13 @@ class TrialMemory:
 
     def worker(self, context: str | None, prefetch: int | None) -> int:
         """One DataLoader worker's own memory."""
-        own = (prefetch or 2) * self.batch_bytes + WORKER_HEAP
+        own = (prefetch or 2) * self.batch_bytes + self.heap
         return own + (self.interpreter + self.dataset if context in FRESH_CONTEXTS else 0)
 
     def need(self, config: LoaderConfig, cache_bytes: int = 0) -> int:
         """What a trial of ``config`` adds to the job at its peak, every rank together; ``cache_bytes``: one
         rank's memory cache of the whole run."""
-        main = TRIAL_HEAP + self.dataset + BATCHES_IN_MAIN * self.batch_bytes
+        main = self.heap + self.dataset + BATCHES_IN_MAIN * self.batch_bytes
         if get_allocator(config.process_settings().allocator).preloaded:
             main += self.interpreter  # spawned, not forked from the server (tuner/_runner.py: _context_for)
         n = config.num_workers

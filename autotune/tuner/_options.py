@@ -51,11 +51,12 @@ class SearchOptions:
     data_dir: str | None = field(default=None, metadata=_user(
         "folder of the dataset's files, evicted for cold reads (default: the files dataset[i] opens)"))
     progress: bool = field(default=True, metadata=_user("no progress bar", flag="--no-progress"))
+    max_trials: int | None = field(default=None, metadata=_user(
+        "end the search once this many trials were asked, with budget left (default: until the budget's end)"))
     resume_only: bool = field(default=False, metadata=_user(
         "measure nothing: write the recipe from what the study (--storage, shared by a fleet) holds"))
     allocators: tuple[str, ...] | None = None
     finalists: int = 3
-    max_trials: int | None = None  # stop after this many trials even with budget left (Optuna's n_trials)
     trial_seconds: float | None = None  # target time of one default trial; derived from the budget
     trial_timeout: float | None = None  # a trial still running after this is killed; derived, capped by the budget
     sampler: Any = None  # an Optuna sampler instead of the seeded TPE (the benchmarks compare RandomSampler)
@@ -83,7 +84,7 @@ class SearchOptions:
             self.max_memory = parse_size(self.max_memory)
         elif self.max_memory is not None and (isinstance(self.max_memory, bool) or self.max_memory < 1 << 20):
             raise AutotuneError(f"max_memory must be a size in bytes of at least 1 MiB, but got {self.max_memory!r}.")
-        for name, least in (("max_workers", 0), ("ranks_per_node", 1), ("seed", 0)):
+        for name, least in (("max_workers", 0), ("ranks_per_node", 1), ("seed", 0), ("max_trials", 1)):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
                 raise AutotuneError(f"--{name.replace('_', '-')} must be an integer of at least {least}, "
@@ -153,6 +154,7 @@ class SearchKeywords(TypedDict, total=False):
     ranks_per_node: int
     data_dir: str | None
     progress: bool
+    max_trials: int | None
     resume_only: bool
 
 

@@ -39,7 +39,7 @@ from autotune.tuner._candidates import Limits, build_space, disk_free
 from autotune.tuner._measure import Plan, Workload
 from autotune.tuner._memory_plan import TrialMemory
 from autotune.tuner._options import Clock, SearchOptions
-from autotune.tuner._runner import forkserver_pid, waiting_forkserver
+from autotune.tuner._runner import ForkCharges, fork_charges
 from autotune.tuner._space import Space
 
 
@@ -111,23 +111,19 @@ def pickled_size(value: object) -> int:
 
 
 def trial_memory(spec: UserSpec, batch_bytes: int, ranks: int, max_memory: int | None) -> TrialMemory:
-    """The figures a trial's memory is planned from (``_memory_plan``): the budget (70% of what the job has
-    left once the trials' forkserver holds its imports, or ``--max-memory``), a fresh interpreter's private
-    memory, and the dataset as a trial unpickles it. A forkserver that has imported its preload is that
-    interpreter, measured. One still importing (it warms beside the preparation) has yet to take up to this
-    process's own private memory (an upper bound: this one holds the search's libraries and the dataset
-    too), which is taken off what is available."""
+    """The figures a trial's memory is planned from (``_memory_plan``), measured here (``fork_charges``, which
+    waits until the trials' forkserver holds its imports): the server's own memory (a fresh interpreter), what
+    a process forked from it adds once it has run (the plan's heap of a trial and of each forked worker), the
+    dataset as a trial unpickles it, and the budget: 70% of what the job has left with the server resident, or
+    ``--max-memory``. Where no probe can be forked, this process's own memory bounds both figures."""
+    try:
+        charges = fork_charges()
+    except (OSError, EOFError, RuntimeError, ValueError):
+        charges = ForkCharges(interpreter=process_uss(), forked=process_uss())
     memory = job_memory()
-    ready = waiting_forkserver()
-    if ready is not None:
-        interpreter, available = process_uss(ready), memory.available
-    else:
-        interpreter = process_uss()
-        server = forkserver_pid()
-        available = memory.available - (max(0, interpreter - process_uss(server)) if server else 0)
-    return TrialMemory(budget=max_memory or int(max(0, available) * BUDGET_SHARE), interpreter=interpreter,
-                       dataset=pickled_size(spec.dataset), batch_bytes=batch_bytes, ranks=ranks,
-                       available=max(0, available), limit_text=memory.describe_limit())
+    return TrialMemory(budget=max_memory or int(memory.available * BUDGET_SHARE), interpreter=charges.interpreter,
+                       heap=charges.forked, dataset=pickled_size(spec.dataset), batch_bytes=batch_bytes,
+                       ranks=ranks, available=memory.available, limit_text=memory.describe_limit())
 
 
 def _prepare_map_style(spec: UserSpec, opts: SearchOptions) -> Setup:

@@ -35,9 +35,9 @@ from autotune._units import format_bytes
 from autotune.caches import ensure_root, remove_leftovers, remove_trial_folder, trial_folder
 from autotune.config import LoaderConfig
 from autotune.loader import READING
-from autotune.machine import job_memory, make_expendable, oom_kills, tree_memory, tree_rss
+from autotune.machine import job_memory, make_expendable, oom_kills, process_uss, tree_memory, tree_rss
 from autotune.process import get_allocator, launch_env
-from autotune.tuner._lifecycle import watch_parent
+from autotune.tuner._lifecycle import stop_held, stop_or_hold, watch_parent
 from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
 from autotune.tuner._measurement import Measurement
 
@@ -95,6 +95,58 @@ def _expendable_forkserver() -> None:
         make_expendable(pid)
 
 
+def _probe_main(conn: Any) -> None:
+    """Forked from the trials' forkserver as a trial is, it writes what a running process writes of the
+    interpreter it shares (the collector walks every object, writing each one's header, as a trial's or a
+    worker's collections do), then waits to be measured."""
+    import gc
+
+    make_expendable()
+    gc.collect()
+    conn.send("ready")
+    conn.recv()
+
+
+@dataclasses.dataclass(frozen=True)
+class ForkCharges:
+    """Measured at the search's start: the trials' forkserver's own memory (USS: what a fresh interpreter with
+    the trial's imports holds, as a spawned trial or worker does) and what a process forked from it adds to
+    the job once it has run (``tree_memory(...).added``: the guard's accounting), the plan's heap of a trial
+    and of each forked worker."""
+
+    interpreter: int
+    forked: int
+
+
+def fork_charges(ready_within: float = 120.0) -> ForkCharges:
+    """Measure ``ForkCharges`` here: start the trials' forkserver if it is not, wait until it has imported its
+    preload, fork one probe from it and read what the probe adds."""
+    from multiprocessing import forkserver
+
+    ctx: Any = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    forkserver.ensure_running()
+    _expendable_forkserver()
+    deadline = time.monotonic() + ready_within
+    while waiting_forkserver() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # still importing its preload
+    server = forkserver_pid()
+    receiver, sender = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=_probe_main, args=(sender,), name="autotune-memory-probe")
+    proc.start()
+    sender.close()
+    try:
+        receiver.recv()
+        forked = tree_memory(proc.pid, forked_from=server).added
+        receiver.send("done")
+    finally:
+        receiver.close()
+        proc.join(10)
+        if proc.is_alive() and proc.pid:
+            kill_tree(proc.pid)
+    return ForkCharges(interpreter=process_uss(server), forked=forked)
+
+
 class TrialFailed(Exception):
     """The candidate could not be measured; the message is the reason recorded on the trial."""
 
@@ -130,7 +182,27 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
     if os.getpid() != _TRIAL_PID:
         os._exit(143)  # a forked DataLoader worker inherited this handler: just go
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # once: unwinding must not be interrupted again
-    raise SystemExit(143)  # unwinds through the DataLoader iterator, which then stops its workers cleanly
+    stop_or_hold(143)  # unwinds through the DataLoader iterator (once it is whole), which stops its workers cleanly
+
+
+def _hold_stops_while_workers_start() -> None:
+    """In a trial process (ours, never the user's), every DataLoader iterator of the trial, its epochs' and its
+    cache builds', is built whole before a stop unwinds it (``_lifecycle.stop_held``): interrupted after its
+    first worker started and before its status list was set, its ``__del__`` failed ("Exception ignored ...
+    '_workers_status'") when the trial, having caught the stop, collected it."""
+    from torch.utils.data import dataloader
+
+    cls: Any = dataloader._MultiProcessingDataLoaderIter
+    init = cls.__init__
+    if getattr(init, "_autotune_held", False):
+        return
+
+    def held(self: Any, *args: Any, **kwargs: Any) -> None:
+        with stop_held():
+            init(self, *args, **kwargs)
+
+    held._autotune_held = True  # type: ignore[attr-defined]
+    cls.__init__ = held
 
 
 _READING_LINE = re.compile(r"^autotune-reading: dataset\[(\d+)\] for ([\d.]+) s$", re.M)
@@ -180,6 +252,7 @@ def _trial_main(conn: Any, workload_file: str | None, sys_path: list[str], confi
     make_expendable()  # before the workload is unpickled: the kernel ends this tree, not the search (machine._oom)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     signal.signal(signal.SIGUSR1, _say_reading)  # forked workers inherit it
+    _hold_stops_while_workers_start()
     _release_forkserver()
     watch_parent(os.getppid())  # the search died without stopping us (SIGKILL): take the workers along
     _own_resource_tracker()
