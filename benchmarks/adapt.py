@@ -43,12 +43,20 @@ scenario whose grid found nothing faster), adapt within 3% of the fixed run; oth
 grid best. The verdict is "met" when every pair is within the bound, "not met" when none is, and "tie
 within noise" when the pairs fall on both sides.
 
+How many epochs: adaptation pays only over a run long enough to amortise what finding the better
+configuration costs. Reaching it takes the warm-up, one epoch of the incumbent and about one epoch a kept
+move (a rejected one costs a quarter of an epoch, its probe), so ~2.5 epochs run at the recipe's speed: a
+recipe 1.4x the best's time gives adapt 1 + 2.5 x 0.4 / E of it, within 10% from E = 10; the competitor,
+from the middle epoch, costs one more epoch to see the drift. Hence 12 epochs (the phase change at the
+5th, the competitor at the 7th), of 32 batches (512 samples) so that a probe is 8 batches and a chunk 4.
+
 The full run on 2 CPUs: a 60 s search, then 6 grid points x 3 conditions and 3 rows x 3 repeats x 3
 scenarios plus 2 x 3 for ``no_regret``: 51 fresh runs (fewer where a scenario's recipe is its grid's best)
-of 8 epochs of 40 batches, 13-18 minutes in all on a quiet 2-CPU machine (estimated from the previous
-18 minutes of 42 runs of 60 batches); it says its plan after the search.
+of 12 epochs of 32 batches, ~20 minutes on a quiet 2-CPU machine (estimated: 1.2x the batches of the
+previous 1053 s run of 8 epochs of 40); it says its plan after the search. ``--scenarios`` runs only some
+(each scenario's grid, ~5 minutes, then its rows; ``no_regret`` reuses ``mismatch``'s grid).
 
-    python benchmarks/adapt.py [--quick] [--scenarios mismatch phase ...] [--repeats 3] [--epochs 8]
+    python benchmarks/adapt.py [--quick] [--scenarios mismatch phase ...] [--repeats 3] [--epochs 12]
 """
 
 from __future__ import annotations
@@ -226,8 +234,8 @@ def ratio_text(ratio: dict[str, Any] | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = output.parser(__doc__, NAME)
-    p.add_argument("--epochs", type=int, default=8)
-    p.add_argument("--samples", type=int, default=640)
+    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--samples", type=int, default=512)
     p.add_argument("--work", type=int, default=16, help="rounds of numpy work per sample")
     p.add_argument("--step-rounds", type=int, default=40, help="matmuls per training step")
     p.add_argument("--budget", type=float, default=60.0, help="scenario 1's search, seconds")
