@@ -248,3 +248,21 @@ def test_the_heap_is_measured_by_a_probe_forked_from_the_resident_forkserver():
     # the cut follows the measured heap: at 47 MiB (this machine's probe) two of the test space's workers fit
     assert fit_space(SPACE, replace(MEMORY, heap=47 * MIB))[0].max_workers == 2  # 47 + 4 + 20 + 2 x 57 = 185 of 200
     assert fit_space(SPACE, replace(MEMORY, heap=16 * MIB))[0].max_workers == 6
+
+
+def test_a_memory_probe_whose_search_stopped_first_exits_quietly(capfd):
+    """The search can stop (its budget ran out while the dataset was read, a signal) before it measures the
+    probe it forked: the probe then finds its pipe closed and exits 0 without a traceback."""
+    import multiprocessing
+
+    from autotune.tuner._runner import _probe_main
+
+    ctx = multiprocessing.get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=True)
+    receiver.close()  # the search is gone
+    proc = ctx.Process(target=_probe_main, args=(sender,))
+    proc.start()
+    sender.close()
+    proc.join(30)
+    assert proc.exitcode == 0
+    assert "Traceback" not in capfd.readouterr().err
