@@ -8,6 +8,7 @@ import os
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from autotune.config import DEFAULT, LoaderConfig
@@ -194,7 +195,7 @@ def test_what_a_forked_tree_adds_is_its_own_pages_not_the_ones_it_shares_with_it
     server = os.fork()
     if server == 0:  # the "forkserver": 120 MiB of private, touched pages
         try:
-            held = bytearray(b"s" * (120 * MIB))
+            held = np.full(120 * MIB, 115, dtype=np.uint8)  # touched in place: no temporary
             trial = os.fork()
             if trial == 0:
                 workers = []
@@ -205,9 +206,9 @@ def test_what_a_forked_tree_adds_is_its_own_pages_not_the_ones_it_shares_with_it
                         os._exit(0)
                     workers.append(worker)
                 figures = [tree_memory(forked_from=os.getppid())]
-                own = bytearray(b"t" * (40 * MIB))
+                own = np.full(40 * MIB, 116, dtype=np.uint8)
                 figures.append(tree_memory(forked_from=os.getppid()))
-                held[:20 * MIB] = b"c" * (20 * MIB)  # copies 20 MiB of the server's pages
+                held[:20 * MIB] = 99  # copies 20 MiB of the server's pages
                 figures.append(tree_memory(forked_from=os.getppid()))
                 figures.append(tree_memory())  # nothing named: the PSS, shared pages and all
                 os.write(write, repr([tuple(f) for f in figures]).encode())
@@ -266,3 +267,49 @@ def test_a_memory_probe_whose_search_stopped_first_exits_quietly(capfd):
     proc.join(30)
     assert proc.exitcode == 0
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_an_execd_process_in_a_forked_tree_takes_nothing_off_what_the_tree_adds():
+    """A trial's tree holds processes that were exec'd, not forked (its resource tracker, a spawned worker): they
+    map none of the server's pages, so they must not take a server's share off the tree's figure. Here the
+    trial makes 40 MiB before forking two workers (shared among the three: in no USS) and starts a fresh
+    interpreter; what the tree adds still holds the 40 MiB."""
+    import subprocess
+    import sys
+
+    from autotune.machine import tree_memory
+
+    read, write = os.pipe()
+    server = os.fork()
+    if server == 0:
+        try:
+            held = np.full(120 * MIB, 115, dtype=np.uint8)  # touched in place: no temporary
+            trial = os.fork()
+            if trial == 0:
+                own = np.full(40 * MIB, 116, dtype=np.uint8)
+                workers = []
+                for _ in range(2):
+                    worker = os.fork()
+                    if worker == 0:
+                        time.sleep(60)
+                        os._exit(0)
+                    workers.append(worker)
+                fresh = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+                time.sleep(1.0)  # the fresh interpreter has started
+                figure = tree_memory(forked_from=os.getppid())
+                os.write(write, repr(tuple(figure)).encode())
+                fresh.kill()
+                for worker in workers:
+                    os.kill(worker, 9)
+                del own
+                os._exit(0)
+            os.waitpid(trial, 0)
+            del held
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as fh:
+        text = fh.read()
+    os.waitpid(server, 0)
+    _, added = eval(text)  # noqa: S307 - our own repr
+    assert added >= 40 * MIB, added / MIB

@@ -59,35 +59,45 @@ def tree_memory(pid: int | None = None, *, forked_from: int | None = None) -> Tr
     The invariant: ``added`` counts each page the tree holds that nothing outside it held before, once. PSS
     alone splits every shared page among its sharers, so a tree forked from ``forked_from`` (a trial from its
     forkserver) would be charged ~n/(n+1) of every page it still shares with that process: the parent's whole
-    interpreter, which the job already holds. Each of the tree's n processes maps each such page the parent
-    maps (it inherited them), so the tree's share of them is n times the parent's share of its shared pages
-    (PSS less USS), which is taken off. A page of the parent one process of the tree has since copied is then
-    under-counted by 1/n of a page at most; the tree's private pages (USS) bound ``added`` from below."""
+    interpreter, which the job already holds. Each of the tree's n processes forked (not exec'd) from it maps
+    each such page the parent maps (it inherited them), so the tree's share of them is n times the parent's
+    share of its shared pages (PSS less USS), which is taken off. A process of the tree that was exec'd (a
+    resource tracker, a spawned worker) inherited none of them and is not counted in n; a forked one still runs
+    its parent's command line, which exec replaces. A page of the parent one process of the tree has since
+    copied is then under-counted by 1/n of a page at most; the tree's private pages (USS) bound ``added`` from
+    below."""
     try:
         root = psutil.Process(pid or os.getpid())
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return TreeMemory(0, 0)
-    pss = uss = counted = 0
+    command: list[str] | None = None
+    shared = 0
+    if forked_from:
+        try:
+            parent = psutil.Process(forked_from)
+            command = parent.cmdline()
+            info = parent.memory_full_info()
+            shared = max(0, int(getattr(info, "pss", 0)) - int(getattr(info, "uss", 0)))
+        except psutil.Error:
+            forked_from = None
+    pss = uss = forked = 0
     for proc in procs:
         try:
-            info = proc.memory_full_info()
-            pss += int(getattr(info, "pss", 0) or info.rss)
-            uss += int(getattr(info, "uss", 0) or info.rss)
-            counted += 1
-        except (psutil.AccessDenied, psutil.ZombieProcess):
-            rss = int(proc.memory_info().rss)
-            pss, uss, counted = pss + rss, uss + rss, counted + 1
-        except psutil.NoSuchProcess:
+            try:
+                info = proc.memory_full_info()
+                pss += int(getattr(info, "pss", 0) or info.rss)
+                uss += int(getattr(info, "uss", 0) or info.rss)
+            except (psutil.AccessDenied, psutil.ZombieProcess):
+                rss = int(proc.memory_info().rss)
+                pss, uss = pss + rss, uss + rss
+            if forked_from and proc.cmdline() == command:
+                forked += 1
+        except psutil.Error:
             continue  # a worker that exited between listing and reading
     if not forked_from:
         return TreeMemory(pss, pss)
-    try:
-        parent = psutil.Process(forked_from).memory_full_info()
-        shared = max(0, int(getattr(parent, "pss", 0)) - int(getattr(parent, "uss", 0)))
-    except psutil.Error:
-        shared = 0
-    return TreeMemory(pss, max(uss, pss - counted * shared))
+    return TreeMemory(pss, max(uss, pss - forked * shared))
 
 
 def process_uss(pid: int | None = None) -> int:
