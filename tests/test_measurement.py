@@ -49,7 +49,8 @@ def test_the_json_form_round_trips_exactly_through_json_text(m):
 
 def test_the_json_form_keeps_the_keys_an_older_study_holds():
     data = _full().to_json()
-    assert set(data) == {"prediction", "epochs", "measured_samples", "peak_memory_bytes", "build_seconds_subset",
+    assert set(data) == {"prediction", "epochs", "measured_samples", "peak_memory_bytes", "added_memory_bytes",
+                         "build_seconds_subset",
                          "eviction", "process_applied", "process_not_applied", "ranks", "runs", "cache_origins",
                          "cache_builders"}
     assert data["prediction"] == _prediction(6.0).to_dict()

@@ -102,7 +102,7 @@ def test_ranks_together_report_the_slowest_and_the_sum_of_memory():
     combined = Measurement.slowest_rank([result(2.0, 100), slow])
     assert combined.prediction == slow.prediction and combined.ranks == (2.0, 3.0)
     assert combined.peak_memory_bytes == 150 and combined.measured_samples == 16
-    assert combined.added_memory_bytes == 150  # an older study's ranks: their peaks stand for what they add
+    assert combined.added_memory_bytes is None and combined.charged_bytes == 150  # an older study's: the peaks
     assert Measurement.slowest_rank([replace(slow, added_memory_bytes=20), result(2.0, 100)]).charged_bytes == 120
     built = replace(result(2.0, 1), cache_origins=("built",), cache_builders=("b1",))
     waited = replace(result(2.5, 1), cache_origins=("waited",), cache_builders=("b1",))

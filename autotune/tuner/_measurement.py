@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -88,7 +88,7 @@ class Measurement:
             return results[0]
         slowest = max(results, key=lambda r: r.total_seconds)
         return replace(slowest, peak_memory_bytes=sum(r.peak_memory_bytes for r in results),
-                       added_memory_bytes=sum(r.charged_bytes for r in results),
+                       added_memory_bytes=_combined_added(results, sum),
                        measured_samples=sum(r.measured_samples for r in results),
                        ranks=tuple(r.total_seconds for r in results),
                        cache_origins=tuple(o for r in results for o in r.cache_origins),
@@ -111,8 +111,16 @@ class Measurement:
             prediction = replace(prediction, **{
                 name: (getattr(prediction, name) + getattr(upper, name)) / 2 for name in _TIMES})
         return replace(chosen, prediction=prediction, peak_memory_bytes=max(r.peak_memory_bytes for r in results),
-                       added_memory_bytes=max(r.charged_bytes for r in results),
+                       added_memory_bytes=_combined_added(results, max),
                        runs=tuple(r.total_seconds for r in results))
+
+
+def _combined_added(results: Sequence[Measurement], combine: Callable[[Iterable[int]], int]) -> int | None:
+    """What several results add together (``combine``: sum over ranks, max over runs); None where none recorded
+    it (an older study), so a combined older result still reads as one."""
+    if all(r.added_memory_bytes is None for r in results):
+        return None
+    return combine(r.charged_bytes for r in results)
 
 
 # The prediction's seconds (its float fields): what the median of an even count averages.
