@@ -100,6 +100,9 @@ def test_a_finalist_that_fails_when_measured_again_is_dropped_not_fatal(tmp_path
     outcome = search(_spec(), _opts(tmp_path), setup=_setup(), runner=runner)
     (best,) = runner.fail
     assert outcome.finalists[-1] == Finalist(best, ())  # shown as failed
+    # and said why: the loop's leader is not the recipe, which the user must not have to guess
+    assert [n for n in outcome.notes if n.startswith("finalist ")] == [
+        f"finalist {best.describe()} failed its re-measurement (timed out after 30 s); it is not chosen"]
     assert outcome.config != best and not outcome.is_default  # the next finalist, measured again, won
     assert outcome.config.cache == "memory" and outcome.config.num_workers
     # the finalists left are tied (the fake gives them one figure): the smallest change among them won

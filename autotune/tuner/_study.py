@@ -428,6 +428,9 @@ class Search:
                 why = failed_finalists.get(default, "the budget ran out")
                 notes.append(f"the plain default failed its re-measurement ({why}); "
                              "its figure comes from the search's own trial")
+        for config, why in failed_finalists.items():
+            if config != default:  # out of the choice: the user must see why a leader of the loop is not the recipe
+                notes.append(f"finalist {config.describe()} failed its re-measurement ({why}); it is not chosen")
         learned: dict[LoaderConfig, str] = {}
         for config, figure in medians.items():
             medians[config], note = self.costs.learned(config, figure)
