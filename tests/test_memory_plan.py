@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -185,45 +186,63 @@ def test_the_search_keeps_no_copy_of_the_workload_it_hands_its_trials(tmp_path):
     assert not os.path.exists(path) and not folder.exists()
 
 
-def test_what_a_forked_tree_adds_is_its_own_pages_not_the_ones_it_shares_with_its_server():
-    """``machine.tree_memory``, the one figure the plan, the runner's guard and the trial's peak count: a tree
-    forked from a server that holds 120 MiB adds nothing for them, though its PSS counts 3/4 of them; what it
-    allocates, and the server's pages it copies, it adds whole. Real processes, read from /proc."""
-    from autotune.machine import tree_memory
-
+def _in_a_tree_forked_from_a_server(trial: Callable[[np.ndarray], object]) -> object:
+    """Run ``trial(held)`` in a process forked from a "forkserver" holding 120 MiB of touched private pages
+    (``held``, numpy-filled in place so no temporary stays in the heap), and return what it returned (a repr
+    through a pipe: the test process's own heap is not in the tree)."""
     read, write = os.pipe()
     server = os.fork()
-    if server == 0:  # the "forkserver": 120 MiB of private, touched pages
+    if server == 0:
         try:
-            held = np.full(120 * MIB, 115, dtype=np.uint8)  # touched in place: no temporary
-            trial = os.fork()
-            if trial == 0:
-                workers = []
-                for _ in range(2):
-                    worker = os.fork()
-                    if worker == 0:
-                        time.sleep(60)
-                        os._exit(0)
-                    workers.append(worker)
-                figures = [tree_memory(forked_from=os.getppid())]
-                own = np.full(40 * MIB, 116, dtype=np.uint8)
-                figures.append(tree_memory(forked_from=os.getppid()))
-                held[:20 * MIB] = 99  # copies 20 MiB of the server's pages
-                figures.append(tree_memory(forked_from=os.getppid()))
-                figures.append(tree_memory())  # nothing named: the PSS, shared pages and all
-                os.write(write, repr([tuple(f) for f in figures]).encode())
-                for worker in workers:
-                    os.kill(worker, 9)
-                del own
-                os._exit(0)
-            os.waitpid(trial, 0)
+            held = np.full(120 * MIB, 115, dtype=np.uint8)
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.write(write, repr(trial(held)).encode())
+                finally:
+                    os._exit(0)
+            os.waitpid(pid, 0)
         finally:
             os._exit(0)
     os.close(write)
     with os.fdopen(read) as fh:
         text = fh.read()
     os.waitpid(server, 0)
-    (pss0, added0), (pss1, added1), (_, added2), (pss3, added3) = eval(text)  # noqa: S307 - our own repr
+    return eval(text)  # noqa: S307 - our own repr
+
+
+def _sleepers(count: int) -> list[int]:
+    """``count`` forked children that only wait (DataLoader workers that share what their parent holds)."""
+    pids = []
+    for _ in range(count):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        pids.append(pid)
+    return pids
+
+
+def test_what_a_forked_tree_adds_is_its_own_pages_not_the_ones_it_shares_with_its_server():
+    """``machine.tree_memory``, the one figure the plan, the runner's guard and the trial's peak count: a tree
+    forked from a server that holds 120 MiB adds nothing for them, though its PSS counts 3/4 of them; what it
+    allocates, and the server's pages it copies, it adds whole. Real processes, read from /proc."""
+    from autotune.machine import tree_memory
+
+    def trial(held: np.ndarray) -> list[tuple[int, int]]:
+        workers = _sleepers(2)
+        figures = [tree_memory(forked_from=os.getppid())]
+        own = np.full(40 * MIB, 116, dtype=np.uint8)
+        figures.append(tree_memory(forked_from=os.getppid()))
+        held[:20 * MIB] = 99  # copies 20 MiB of the server's pages
+        figures.append(tree_memory(forked_from=os.getppid()))
+        figures.append(tree_memory())  # nothing named: the PSS, shared pages and all
+        for worker in workers:
+            os.kill(worker, 9)
+        del own
+        return [tuple(f) for f in figures]
+
+    (pss0, added0), (pss1, added1), (_, added2), (pss3, added3) = _in_a_tree_forked_from_a_server(trial)
     assert pss0 >= 80 * MIB  # three of the four sharers of the server's 120 MiB
     assert added0 < 12 * MIB  # a Python process's own pages, none of the server's
     assert 40 * MIB <= added1 - added0 < 44 * MIB
@@ -279,37 +298,17 @@ def test_an_execd_process_in_a_forked_tree_takes_nothing_off_what_the_tree_adds(
 
     from autotune.machine import tree_memory
 
-    read, write = os.pipe()
-    server = os.fork()
-    if server == 0:
-        try:
-            held = np.full(120 * MIB, 115, dtype=np.uint8)  # touched in place: no temporary
-            trial = os.fork()
-            if trial == 0:
-                own = np.full(40 * MIB, 116, dtype=np.uint8)
-                workers = []
-                for _ in range(2):
-                    worker = os.fork()
-                    if worker == 0:
-                        time.sleep(60)
-                        os._exit(0)
-                    workers.append(worker)
-                fresh = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-                time.sleep(1.0)  # the fresh interpreter has started
-                figure = tree_memory(forked_from=os.getppid())
-                os.write(write, repr(tuple(figure)).encode())
-                fresh.kill()
-                for worker in workers:
-                    os.kill(worker, 9)
-                del own
-                os._exit(0)
-            os.waitpid(trial, 0)
-            del held
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as fh:
-        text = fh.read()
-    os.waitpid(server, 0)
-    _, added = eval(text)  # noqa: S307 - our own repr
-    assert added >= 40 * MIB, added / MIB
+    def trial(held: np.ndarray) -> int:
+        own = np.full(40 * MIB, 116, dtype=np.uint8)
+        workers = _sleepers(2)
+        fresh = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        time.sleep(1.0)  # the fresh interpreter has started
+        added = tree_memory(forked_from=os.getppid()).added
+        fresh.kill()
+        for worker in workers:
+            os.kill(worker, 9)
+        del own
+        return added
+
+    added = _in_a_tree_forked_from_a_server(trial)
+    assert isinstance(added, int) and added >= 40 * MIB, added
