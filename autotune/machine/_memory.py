@@ -13,14 +13,6 @@ from autotune.machine._memory_limit import job_memory
 BUDGET_SHARE = 0.7  # of what is available: the rest is the training's own growth and the kernel's
 
 
-def _pss(proc: psutil.Process) -> int:
-    try:
-        info = proc.memory_full_info()  # reads smaps_rollup: costly, so callers sample sparsely
-        return int(getattr(info, "pss", 0) or info.rss)
-    except (psutil.AccessDenied, psutil.ZombieProcess):
-        return int(proc.memory_info().rss)
-
-
 def _tree_total(pid: int | None, read: Callable[[Any], int]) -> int:
     """``read(process)`` summed over ``pid`` and all its descendants (the DataLoader workers)."""
     try:
@@ -43,7 +35,7 @@ def tree_pss(pid: int | None = None) -> int:
     PSS splits shared pages between the processes sharing them, so a forked worker that only reads
     its parent's buffers adds little; RSS would count those pages once per worker.
     """
-    return _tree_total(pid, _pss)
+    return tree_memory(pid).pss
 
 
 class TreeMemory(NamedTuple):
