@@ -24,6 +24,8 @@ from autotune.recipe._factory_runs import FactoryRun
 FINALISTS_SHARE = 0.25  # of the budget, at least FINALISTS_MIN_S: the finalists' re-measurement after it
 FINALISTS_MIN_S = 5.0
 EXIT_S = 2.0  # of the promise, kept for what follows the search: the recipe's write, the summary, the exit
+MIN_ROUNDS = 2  # interleaved re-measurements of the finalists before their interval can be narrow enough
+MAX_ROUNDS = 8  # the default of --max-rounds
 
 
 def _user(help: str, flag: str | None = None) -> dict[str, Any]:
@@ -53,6 +55,9 @@ class SearchOptions:
     progress: bool = field(default=True, metadata=_user("no progress bar", flag="--no-progress"))
     max_trials: int | None = field(default=None, metadata=_user(
         "end the search once this many trials were asked, with budget left (default: until the budget's end)"))
+    max_rounds: int = field(default=MAX_ROUNDS, metadata=_user(
+        f"re-measure the finalists in at most this many interleaved rounds, at least {MIN_ROUNDS}; they stop "
+        "sooner once the leader's speed-up over the default is known to about +-5%%"))
     resume_only: bool = field(default=False, metadata=_user(
         "measure nothing: write the recipe from what the study (--storage, shared by a fleet) holds"))
     allocators: tuple[str, ...] | None = None
@@ -84,9 +89,11 @@ class SearchOptions:
             self.max_memory = parse_size(self.max_memory)
         elif self.max_memory is not None and (isinstance(self.max_memory, bool) or self.max_memory < 1 << 20):
             raise AutotuneError(f"max_memory must be a size in bytes of at least 1 MiB, but got {self.max_memory!r}.")
-        for name, least in (("max_workers", 0), ("ranks_per_node", 1), ("seed", 0), ("max_trials", 1)):
+        for name, least in (("max_workers", 0), ("ranks_per_node", 1), ("seed", 0), ("max_trials", 1),
+                            ("max_rounds", MIN_ROUNDS)):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            if (value is not None or name == "max_rounds") and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < least):
                 raise AutotuneError(f"--{name.replace('_', '-')} must be an integer of at least {least}, "
                                     f"but got {value!r}.")
         if self.storage is not None:
@@ -155,6 +162,7 @@ class SearchKeywords(TypedDict, total=False):
     data_dir: str | None
     progress: bool
     max_trials: int | None
+    max_rounds: int
     resume_only: bool
 
 
