@@ -28,7 +28,7 @@ def test_the_cli_and_the_api_offer_the_same_options_with_one_set_of_defaults():
     """On 9eac6c3 autotune.search() lacked max_workers, ranks_per_node and data_dir."""
     names = {f.name for f in user_fields()}
     assert {"budget", "max_workers", "ranks_per_node", "data_dir", "storage", "caches", "max_trials",
-            "max_rounds"} <= names
+            "max_rounds", "trial_seconds"} <= names
     flags = {a.dest for a in _search_parser()._actions}
     assert names <= flags
     assert set(typing.get_type_hints(SearchKeywords)) == names
@@ -57,6 +57,10 @@ def test_the_cli_and_the_api_offer_the_same_options_with_one_set_of_defaults():
     ({"max_rounds": 1}, "--max-rounds must be an integer of at least 2"),
     ({"max_rounds": 2.5}, "--max-rounds must be an integer of at least 2"),
     ({"max_rounds": None}, "--max-rounds must be an integer of at least 2"),
+    ({"trial_seconds": 0}, "--trial-seconds must be a duration such as 1s or 5s, but got 0"),
+    ({"trial_seconds": "-1s"}, "--trial-seconds must be a duration such as 1s or 5s, but got '-1s'"),
+    ({"trial_seconds": "inf"}, "--trial-seconds must be a duration such as 1s or 5s, but got 'inf'"),
+    ({"trial_seconds": "soon"}, "--trial-seconds must be a duration such as 1s or 5s, but got 'soon'"),
     ({"storage": "sqlite:///:memory:"}, "in-memory SQLite database"),
     ({"storage": "sqlite://"}, "in-memory SQLite database"),
     ({"storage": "sqlite:///file::memory:?cache=shared"}, "in-memory SQLite database"),

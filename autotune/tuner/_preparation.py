@@ -151,7 +151,7 @@ def _prepare_map_style(spec: UserSpec, opts: SearchOptions) -> Setup:
     if not opts.max_memory:
         _note_limit(limits, available=memory.available)
     space = build_space(probe, limits)
-    trial_seconds = opts.trial_seconds or min(10.0, max(1.0, opts.budget / 50))
+    trial_seconds = opts.default_trial_seconds
     count = subset_size(probe, spec.batch_size, trial_seconds, probe.step_seconds)
     indices = list(range(probe.length)) if count >= probe.length else probe_indices(probe.length, count, opts.seed)
     sources = source_files(spec.dataset, indices, probe.length, opts.data_dir)
@@ -247,7 +247,7 @@ def prepare_stream(spec: UserSpec, opts: SearchOptions, clock: Clock) -> Setup:
             limits.notes.append(f"num_workers at most {shards}: the stream has {shards} shard(s), and a worker "
                                 "beyond them would get no data (Hugging Face) or fail (webdataset)")
     space = build_space(probe, limits)
-    trial_seconds = opts.trial_seconds or min(10.0, max(1.0, opts.budget / 50))
+    trial_seconds = opts.default_trial_seconds
     count = stream_subset(probe, spec.batch_size, trial_seconds)
     if not probe.length_known:
         probe = replace(probe, length=count)
