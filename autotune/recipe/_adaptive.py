@@ -32,8 +32,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from autotune.config import LoaderConfig
 from autotune.loader import EpochStream, reuses_iterator
+from autotune.machine import batch_bytes, job_memory, shm_free, shm_rule, tree_pss
 from autotune.recipe._adapt_policy import MIN_BATCHES, Decision, EpochObservation, Policy, probe_batches, same_pool
 from autotune.recipe._stall_clock import HostClock, clock_for_this_process
 from autotune.recipe._thread_split import MainThreads
@@ -56,10 +59,6 @@ class Memory:
         """A worker's share of the process tree's PSS under ``config``."""
         if not config.num_workers:
             return
-        import psutil
-
-        from autotune.machine import tree_pss
-
         try:
             info = psutil.Process().memory_full_info()
             main = int(getattr(info, "pss", 0) or info.rss)
@@ -70,9 +69,6 @@ class Memory:
     def allowed(self, config: LoaderConfig, current: LoaderConfig, ranks: int = 1) -> str | None:
         """None when ``config``'s batches fit /dev/shm and its extra workers and batches fit 70% of what the
         job may still take (the factory's rules), else why not."""
-        from autotune.machine import job_memory, shm_free, shm_rule
-        from autotune.machine._memory import BUDGET_SHARE
-
         why = shm_rule(config.num_workers, config.prefetch_factor, self.batch_bytes, shm_free())
         if why is not None:
             return why
@@ -80,7 +76,7 @@ class Memory:
         extra = (per_worker * (config.num_workers - current.num_workers)
                  + self.batch_bytes * (config.num_workers * (config.prefetch_factor or 0)
                                        - current.num_workers * (current.prefetch_factor or 0)))
-        budget = int(job_memory().available * BUDGET_SHARE) // max(1, ranks)
+        budget = job_memory().budget(ranks)
         if extra > budget:
             return f"needs {extra} more bytes, over the memory budget of {budget}"
         return None
@@ -391,8 +387,6 @@ class AdaptiveLoader:
                     self._stream.delivered()
                 position = self._position(count)
                 if count == 1 and not self.memory.batch_bytes:
-                    from autotune.machine import batch_bytes
-
                     self.memory.batch_bytes = batch_bytes(batch)
                 if self._note is not None:
                     warnings.warn(self._note, stacklevel=2)  # the incumbent went past the failed batch
