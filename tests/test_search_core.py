@@ -503,20 +503,25 @@ class TimedRunner:
         return _result(self.TOTALS[config] * (1 + 0.01 * (n % 3)))
 
 
-def _five_x(tmp_path, monkeypatch, left_after_three_rounds: float, **runner):
-    """The loop measures the default and two workers (4.4 s); the finalists' stage then has three rounds of both
-    (13.2 s) and ``left_after_three_rounds`` seconds before the wall less STOP_S, when two workers' turn comes:
-    rounds alternate D W2, W2 D, so the fourth one starts with it."""
+def _five_x(tmp_path, monkeypatch, left: float, budget: float = 30.0, **runner):
+    """The loop measures the default and two workers (4.4 s); the finalists' stage then starts ``left`` seconds
+    before the wall less STOP_S. Its rounds alternate D W2, W2 D: with 13.2 s + x, three rounds leave x when two
+    workers' turn comes. The search's clock is the runs' alone (the loop's trial durations too), so the loop
+    asks its second trial whatever the machine's load: it starts 2.1 s before the stage, 2.3 s after the first,
+    and ``budget`` must leave it that under the search's share."""
+    import time
     import types
 
-    from autotune.tuner import _options
-    from autotune.tuner._study import STOP_S
+    from autotune.tuner import _options, _study
+    from autotune.tuner._study import SEARCH_SHARE, STOP_S
 
     clock = SearchClock()
     monkeypatch.setattr(_options, "time", types.SimpleNamespace(monotonic=clock.monotonic))
-    opts = SearchOptions(budget=40.0, max_trials=2, workdir=tmp_path, progress=False)
-    wall = 40.0 + opts.finalists_seconds - _options.EXIT_S  # 48 s
-    opts.started = clock.now - (wall - STOP_S - 4.4 - 13.2 - left_after_three_rounds)
+    monkeypatch.setattr(_study, "time", types.SimpleNamespace(monotonic=clock.monotonic, time=time.time))
+    opts = SearchOptions(budget=budget, max_trials=2, workdir=tmp_path, progress=False)
+    wall = budget + opts.finalists_seconds - _options.EXIT_S
+    opts.started = clock.now - (wall - STOP_S - 4.4 - left)
+    assert wall - STOP_S - left - 2.1 <= budget * SEARCH_SHARE  # the loop's second trial is asked
     runner = TimedRunner(clock, **runner)
     outcome = search(_spec(), opts, setup=_setup(FIVE_X), runner=runner)
     return outcome, runner
@@ -528,7 +533,7 @@ def test_a_finalists_run_is_started_only_with_the_seconds_its_measurement_took(t
     before the wall, the wall stopped it and two workers left the choice with its five good runs: the plain
     default became the recipe (80.36 s against the grid's 48.72 s). With 1 s left when its turn comes, the
     run is not started: its three runs stand and it wins."""
-    outcome, runner = _five_x(tmp_path, monkeypatch, left_after_three_rounds=1.0)
+    outcome, runner = _five_x(tmp_path, monkeypatch, left=13.2 + 1.0)
     finals = runner.calls[2:]
     assert [c for c, _ in finals] == [DEFAULT, TWO_WORKERS, TWO_WORKERS, DEFAULT, DEFAULT, TWO_WORKERS]
     assert all(limit >= TimedRunner.SECONDS[c] for c, limit in finals)  # each could end before the wall
@@ -538,10 +543,10 @@ def test_a_finalists_run_is_started_only_with_the_seconds_its_measurement_took(t
 
 
 def test_a_finalists_run_the_wall_stops_drops_that_run_not_the_finalist(tmp_path, monkeypatch):
-    """Its fourth run is slower (3 s) than the 2.1 s it took before and 2.5 s are left: started, and stopped at
+    """Its fourth run is slower (3 s) than the 2.1 s it took before and 2.6 s are left: started, and stopped at
     the wall. That says the budget ended, nothing about two workers: its three runs stand and it wins, and the
     notes say what happened to the fourth."""
-    outcome, runner = _five_x(tmp_path, monkeypatch, left_after_three_rounds=2.5,
+    outcome, runner = _five_x(tmp_path, monkeypatch, left=13.2 + 2.6,
                               seconds={(TWO_WORKERS, 5): 3.0})  # its 5th run: one in the loop, 4th here
     assert [c for c, _ in runner.calls[2:]] == [DEFAULT, TWO_WORKERS, TWO_WORKERS, DEFAULT, DEFAULT, TWO_WORKERS,
                                                    TWO_WORKERS]
@@ -550,8 +555,8 @@ def test_a_finalists_run_the_wall_stops_drops_that_run_not_the_finalist(tmp_path
                                                             (69.8 * 1.02, 69.8, 69.8 * 1.01)]
     (note,) = [n for n in outcome.notes if n.startswith("finalist ")]
     assert note == (f"finalist {TWO_WORKERS.describe()}: a re-measurement was stopped at the wall (timed out after 3 s: "
-                    "the budget ran out (41.50 s spent before this trial, within 40.00 s plus 10.00 s for the "
-                    "finalists)); its 3 other run(s) stand")  # 48 s less STOP_S less 2.5 s: 41.50 s
+                    "the budget ran out (28.90 s spent before this trial, within 30.00 s plus 7.50 s for the "
+                    "finalists)); its 3 other run(s) stand")  # the wall (35.5 s) less STOP_S less 2.6 s
 
 
 def test_a_finalist_that_fails_once_is_retried_at_once_and_kept_when_the_retry_runs(tmp_path, monkeypatch):
@@ -560,7 +565,7 @@ def test_a_finalist_that_fails_once_is_retried_at_once_and_kept_when_the_retry_r
     choice, and an OSError ended the search with a traceback."""
     for error in (TrialFailed("DataLoader worker (pid 7) is killed by signal: Killed"),
                   OSError("[Errno 32] Broken pipe")):
-        outcome, runner = _five_x(tmp_path / type(error).__name__, monkeypatch, left_after_three_rounds=1.0,
+        outcome, runner = _five_x(tmp_path / type(error).__name__, monkeypatch, left=13.2 + 1.0,
                                   raises={(TWO_WORKERS, 3): error})
         assert [c for c, _ in runner.calls[2:5]] == [DEFAULT, TWO_WORKERS, TWO_WORKERS]  # failed, retried at once
         assert outcome.config == TWO_WORKERS and not outcome.is_default
@@ -573,7 +578,7 @@ def test_a_finalist_whose_retry_fails_too_or_that_never_ran_is_out(tmp_path, mon
     """Failed twice in a row: it does not run here. Failed once with the wall too near for a retry and no run
     to its name: nothing says it runs. Both are out, named with their reasons; the default is kept."""
     killed = TrialFailed("used 700.0 MiB, over the memory budget of 606.8 MiB")
-    outcome, _ = _five_x(tmp_path / "twice", monkeypatch, left_after_three_rounds=1.0,
+    outcome, _ = _five_x(tmp_path / "twice", monkeypatch, left=13.2 + 1.0,
                          raises={(TWO_WORKERS, 2): killed, (TWO_WORKERS, 3): killed})
     assert outcome.is_default
     assert [n for n in outcome.notes if n.startswith("finalist ")] == [
@@ -597,3 +602,16 @@ def test_the_finalists_cost_is_the_longest_measured_trial_not_a_repeat(tmp_path)
             user_attrs={"config_key": TWO_WORKERS.key(), **({"repeat": True} if repeat else {})}, system_attrs={},
             intermediate_values={}, trial_id=0))
     assert _measured_seconds(study) == {TWO_WORKERS.key(): 2.1}
+
+
+def test_a_finalist_the_wall_leaves_unmeasured_keeps_its_trials_figure(tmp_path, monkeypatch):
+    """The stage has time for the default's run and 1 s more: two workers' run is stopped at the wall (or, where
+    its trial's seconds are known, not started). Its trial's figure stands, as the default's does when the wall
+    leaves it unmeasured, and it wins, with a note."""
+    outcome, runner = _five_x(tmp_path, monkeypatch, left=2.3 + 1.0, budget=12.0)
+    assert [c for c, _ in runner.calls[2:]] == [DEFAULT, TWO_WORKERS]
+    assert outcome.config == TWO_WORKERS and not outcome.is_default
+    assert outcome.figures.total_seconds == 43.5 * 1.01  # its trial's: the first run of it
+    assert [n for n in outcome.notes if n.startswith("finalist ")] == [
+        f"finalist {TWO_WORKERS.describe()} was not re-measured before the wall; its figure comes from the search's "
+        "own trial"]
