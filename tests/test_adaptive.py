@@ -490,6 +490,23 @@ def test_the_loaders_own_time_between_parts_reaches_the_policy_as_overhead(tmp_p
     assert sum(o.seconds + o.overhead_seconds for o in seen) <= wall
 
 
+def test_a_pools_memory_is_read_once_not_every_epoch(tmp_path, monkeypatch):
+    """A reading walks every page table of the tree (tens of milliseconds, the run's own time): the memory
+    rule needs a worker's PSS once a pool, read at the end of its first epoch."""
+    import autotune.recipe._adaptive as adaptive
+
+    readings = []
+    real = adaptive.tree_pss
+    monkeypatch.setattr(adaptive, "tree_pss", lambda *a, **k: readings.append(1) or real(*a, **k))
+    path = write_recipe(tmp_path / "autotune.json", config=P2)
+    loader = autotune.dataloader(Numbers(48), path, adapt=True, shuffle=True, generator=torch.Generator().manual_seed(3))
+    loader.policy = Scripted([P2, P2, P2, P1])  # epochs under P2, P2, P2, P1, P2
+    batches(loader, 5)
+    assert [o.config for o in loader.policy.seen] == [P2, P2, P2, P1, P2]
+    assert len(readings) == 3 and loader.memory.per_worker_bytes is not None  # P2's, P1's, P2's again
+    loader.close()
+
+
 class Probing(Policy):
     """Tries P2 and reverts it at its probe, then tries P1 and lets it go on after its probe."""
 

@@ -15,7 +15,8 @@ out of memory or /dev/shm, any error) hands the epoch back to the incumbent at i
 batch, with one warning, and is never tried again; the incumbent meeting the same error raises it (a dataset's own
 error is the plain loader's). A move is allowed only where its
 batches fit ``/dev/shm`` and its workers the job's memory budget (the factory's rules: ``shm_rule``, 70%
-of what the job may still take), from the process tree's PSS read at epoch ends, outside the clock.
+of what the job may still take), from the process tree's PSS read once a pool, at the end of its first part,
+outside the clock.
 
 With torch.distributed initialised, every rank's epoch is reduced (the slowest rank's time and wait),
 rank 0 decides, and its decision is broadcast: the ranks switch together.
@@ -49,16 +50,19 @@ PART_BATCHES = 256  # a long epoch (two parts or more) is judged, and may switch
 
 @dataclass
 class Memory:
-    """What the memory and /dev/shm rules need: a batch's bytes (the first batch), a worker's PSS (read at
-    epoch ends, outside the clock)."""
+    """What the memory and /dev/shm rules need: a batch's bytes (the first batch), a worker's PSS (read once
+    a pool, at the end of its first part, outside the clock: a reading walks every page table of the tree,
+    tens of milliseconds, which every epoch would cost the run a share of its exploration budget)."""
 
     batch_bytes: int = 0
     per_worker_bytes: int | None = None
+    read_for: LoaderConfig | None = None  # the pool the reading is of
 
     def read(self, config: LoaderConfig) -> None:
-        """A worker's share of the process tree's PSS under ``config``."""
-        if not config.num_workers:
+        """A worker's share of the process tree's PSS under ``config``, unless read for its pool already."""
+        if not config.num_workers or (self.read_for is not None and same_pool(self.read_for, config)):
             return
+        self.read_for = config
         try:
             info = psutil.Process().memory_full_info()
             main = int(getattr(info, "pss", 0) or info.rss)
