@@ -17,7 +17,6 @@ from autotune.machine._evict import (
 )
 from autotune.machine._first_touch import first_touch_seconds
 from autotune.machine._memory import (
-    BUDGET_SHARE,
     TreeMemory,
     default_budget,
     process_uss,
@@ -26,7 +25,7 @@ from autotune.machine._memory import (
     tree_rss,
 )
 from autotune.machine._memory_file import FileColumn
-from autotune.machine._memory_limit import JobMemory, job_memory
+from autotune.machine._memory_limit import BUDGET_SHARE, JobMemory, job_memory
 from autotune.machine._oom import make_expendable, oom_kills, oom_score_adj
 from autotune.machine._orphan import die_with_parent
 from autotune.machine._populate import populate
