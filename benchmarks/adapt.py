@@ -140,8 +140,11 @@ def cell(params: dict[str, Any]) -> dict[str, Any]:
             proc.wait()
     history = [{"epoch": e.epoch, "decision": e.decision, "line": e.line, "seconds_per_batch": e.seconds_per_batch,
                 "stall": e.stall} for e in loader.history.events] if p["adapt"] else []
+    # the adapting loader's own ledger (its rule 5): the run's wall over the incumbent's, as it measured it
+    ledger = {"spent_s": loader.policy.spent_seconds, "seen_s": loader.policy.seen_seconds,
+              "try_costs_s": loader.policy.try_costs} if p["adapt"] else None
     return {"setup_s": setup, "epoch_s": epoch_s, "total_s": setup + sum(epoch_s), "configs": configs,
-            "main_threads": threads, "applied_before": applied.applied, "history": history}
+            "main_threads": threads, "applied_before": applied.applied, "history": history, "ledger": ledger}
 
 
 # ---------------------------------------------------------------------------- the parent

@@ -349,5 +349,9 @@ def test_a_slow_down_that_takes_the_main_processs_cores_tries_fewer_main_threads
     heavier.decide(part(W2.refit(prefetch_factor=1), 12.0, stall=LOW, cpu=1.5))
     d = heavier.decide(part(W2, 30.0, stall=LOW, cpu=1.8))
     assert (d.event, d.config) == ("reopen", W1)  # the step-bound order: fewer workers first
+    lost_a_little = Policy(W2, max_workers=2, threads=2, explore_share=1)  # 0.8 of its share: not starved
+    run(lost_a_little, quiet)
+    lost_a_little.decide(part(W2.refit(prefetch_factor=1), 12.0, stall=LOW, cpu=1.5))
+    assert lost_a_little.decide(part(W2, 30.0, stall=LOW, cpu=1.2)).config == W1
     assert moves(W2, LOW, max_workers=2, cuda=False, threads=2, starved=True)[0] == ("fewer main threads", t1)
     assert moves(W2, LOW, max_workers=2, cuda=False, threads=None, starved=True)[0][0] == "fewer workers"

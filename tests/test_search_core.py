@@ -503,12 +503,13 @@ class TimedRunner:
         return _result(self.TOTALS[config] * (1 + 0.01 * (n % 3)))
 
 
-def _five_x(tmp_path, monkeypatch, left: float, budget: float = 30.0, **runner):
+def _five_x(tmp_path, monkeypatch, left: float, budget: float = 30.0, batch_timeout: float = 30.0, **runner):
     """The loop measures the default and two workers (4.4 s); the finalists' stage then starts ``left`` seconds
     before the wall less STOP_S. Its rounds alternate D W2, W2 D: with 13.2 s + x, three rounds leave x when two
     workers' turn comes. The search's clock is the runs' alone (the loop's trial durations too), so the loop
     asks its second trial whatever the machine's load: it starts 2.1 s before the stage, 2.3 s after the first,
     and ``budget`` must leave it that under the search's share."""
+    import dataclasses
     import time
     import types
 
@@ -523,7 +524,9 @@ def _five_x(tmp_path, monkeypatch, left: float, budget: float = 30.0, **runner):
     opts.started = clock.now - (wall - STOP_S - 4.4 - left)
     assert wall - STOP_S - left - 2.1 <= budget * SEARCH_SHARE  # the loop's second trial is asked
     runner = TimedRunner(clock, **runner)
-    outcome = search(_spec(), opts, setup=_setup(FIVE_X), runner=runner)
+    setup = _setup(FIVE_X)
+    setup = dataclasses.replace(setup, plan=dataclasses.replace(setup.plan, batch_timeout=batch_timeout))
+    outcome = search(_spec(), opts, setup=setup, runner=runner)
     return outcome, runner
 
 
@@ -574,9 +577,8 @@ def test_a_finalist_that_fails_once_is_retried_at_once_and_kept_when_the_retry_r
             ") and ran when retried; its 3 run(s) stand"), note
 
 
-def test_a_finalist_whose_retry_fails_too_or_that_never_ran_is_out(tmp_path, monkeypatch):
-    """Failed twice in a row: it does not run here. Failed once with the wall too near for a retry and no run
-    to its name: nothing says it runs. Both are out, named with their reasons; the default is kept."""
+def test_a_finalist_whose_retry_fails_too_or_whose_run_hangs_is_out(tmp_path, monkeypatch):
+    """Failed twice in a row: it does not run here. Out, named with its reasons; the default is kept."""
     killed = TrialFailed("used 700.0 MiB, over the memory budget of 606.8 MiB")
     outcome, _ = _five_x(tmp_path / "twice", monkeypatch, left=13.2 + 1.0,
                          raises={(TWO_WORKERS, 2): killed, (TWO_WORKERS, 3): killed})
@@ -585,6 +587,17 @@ def test_a_finalist_whose_retry_fails_too_or_that_never_ran_is_out(tmp_path, mon
         f"finalist {TWO_WORKERS.describe()} failed its re-measurement (used 700.0 MiB, over the memory budget of "
         "606.8 MiB, and again when retried); it is not chosen"]
     assert outcome.finalists[-1] == Finalist(TWO_WORKERS, ())
+    # Its neighbour, not retried: a run still going at the plan's limit (5 s here, not the wall's) hangs (a read
+    # that never returns), and its retry could take as long again from the other finalists.
+    outcome, runner = _five_x(tmp_path / "hung", monkeypatch, left=13.2 + 1.0, batch_timeout=5.0,
+                              seconds={(TWO_WORKERS, 3): 100.0})
+    # rounds D W2, W2 (hangs: 5 s) D, D: the default's two runs after it have 4.8 and 2.5 s before the wall
+    assert [c for c, _ in runner.calls[2:]] == [DEFAULT, TWO_WORKERS, TWO_WORKERS, DEFAULT, DEFAULT]
+    assert runner.calls[4][1] == 5.0  # the plan's limit, not the wall's
+    assert outcome.is_default
+    assert [n for n in outcome.notes if n.startswith("finalist ")] == [
+        f"finalist {TWO_WORKERS.describe()} failed its re-measurement (timed out after 5 s: a hung worker or a very "
+        "slow candidate); it is not chosen"]
 
 
 def test_the_finalists_cost_is_the_longest_measured_trial_not_a_repeat(tmp_path):

@@ -71,7 +71,9 @@ STALL_HIGH = 0.1  # above: the step waits for the loader
 SATURATED = 0.8  # the main's CPU seconds per wall second, per thread it has, from which its threads are all busy
 LOSS = 0.06  # the least slow-down a probe is reverted for (log scale, ~6%)
 EXPLORE_SHARE = 0.02  # the most of the run's time so far its extra wall time over the incumbent's may be
-STARVED = 0.6  # a slow-down with the main's CPU share below this fraction of its share before: cores lost
+STARVED = 0.75  # a slow-down with the main's CPU share below this fraction of its share before: cores lost
+# (two busy processes on 2 CPUs leave the main's two threads one CPU between them: 1 of its ~1.5 before, where
+# its spinning threads keep their CPU time a batch; a heavier step raises the share)
 MIN_BATCHES = 4  # an epoch (or part) shorter than this teaches nothing; a probe's least length
 PROBE_SHARE = 4  # a candidate's probe: this fraction (1/4) of its epoch, or of a long epoch's part
 FEED = frozenset({"more workers", "more prefetch", "persistent workers", "pin memory", "more worker threads"})
@@ -336,6 +338,7 @@ class Policy:
     def restart_from(self, config: LoaderConfig) -> None:
         """Go on from ``config`` (a resumed state's): its epochs are the incumbent's, nothing is being tried."""
         self.incumbent, self.trying, self.probed = config, None, None
+        self._open, self._after_revert, self._restarted = None, False, False
 
     # ------------------------------------------------------------------ decisions
 

@@ -370,7 +370,8 @@ class Search:
         The invariant: a finalist leaves the choice only when its re-measurement shows it cannot run here, never
         because of when it ran. A run that fails is retried at once (a worker the kernel killed, a guard reading
         at a peak, a dead forkserver: a broken run never stops the search); the finalist is out when the retry
-        fails too, or when it failed with no run to its name. A run the wall stopped (its limit was the time
+        fails too, when it failed with no run to its name, or when a run hung to the plan's own limit (not
+        retried: that could take as long again from the others). A run the wall stopped (its limit was the time
         left, not the plan's) says only that the budget ended: that run is dropped and the finalist keeps its
         others. The 5x memory-limit search's best trial (two workers, 43.5 s against the default's 69.8 s) lost
         five good runs that way: its last one was started with the 0.2 s that a repeat of its trial had taken,
@@ -394,11 +395,10 @@ class Search:
             for config in order:
                 if config in failed_finalists:
                     continue
-                before = len(failures[config])
-                ran = self._remeasure(config, figures[config], failures[config], stopped, cost, typical) or ran
-                turn = failures[config][before:]
-                if len(turn) > 1 or (turn and not figures[config]):  # its retry failed too, or it never ran
-                    failed_finalists[config] = _failure_text(turn)
+                measured, out = self._remeasure(config, figures[config], failures[config], stopped, cost, typical)
+                ran = ran or measured
+                if out is not None:
+                    failed_finalists[config] = out
                 self.progress.update(f"finalists round {r + 1}")
             if not ran or (r + 1 >= MIN_ROUNDS and _settled(figures, default)):
                 break
@@ -426,32 +426,40 @@ class Search:
         return self.outcome(runs, failed_finalists, "interleaved re-measurement")
 
     def _remeasure(self, config: LoaderConfig, runs: list[Measurement], failures: list[str],
-                   stopped: dict[LoaderConfig, str], cost: dict[str, float], typical: float) -> bool:
+                   stopped: dict[LoaderConfig, str], cost: dict[str, float], typical: float) -> tuple[bool, str | None]:
         """One turn of ``config`` in the finalists' stage: a run, and one retry at once when it fails. Appends the
-        run to ``runs``, a failure's reason to ``failures``, a run the wall stopped to ``stopped``; whether a run
-        was measured. ``cost``: the longest run each configuration took (this turn's is added), which a run must
-        have left before the wall to be started."""
+        run to ``runs``, a failure's reason to ``failures``, a run the wall stopped to ``stopped``; returns whether
+        a run was measured, and why the finalist is out of the choice (None: it is not). ``cost``: the longest
+        run each configuration took (this turn's is added), which a run must have left before the wall.
+
+        Not retried: a run still going at the plan's own limit (a hung read), whose retry could take that long
+        again from the other finalists."""
         plan, key = self.plan, config.key()
+        turn: list[str] = []
         for _attempt in range(2):
             left = self.clock.left() - STOP_S
             if left < min(cost.get(key, typical), plan.batch_timeout):
-                return False  # it would not end before the wall: its figures so far (or the loop's) stand
+                break  # it would not end before the wall: its figures so far (or the loop's) stand
             timeout, spent = min(plan.batch_timeout, left), self.clock.elapsed()
             try:
                 runs.append(self.runner.run(config, plan, timeout=timeout))
             except TrialTimedOut as exc:
                 if timeout < plan.batch_timeout:  # the wall's limit, not the plan's: no evidence about the candidate
                     stopped[config] = self.timed_out_by_budget(str(exc), timeout, spent)
-                    return False
+                    break
                 failures.append(str(exc))
+                return False, _failure_text([*turn, str(exc)])
             except TrialFailed as exc:
-                failures.append(self.timed_out_by_budget(str(exc), timeout, spent))
+                turn.append(self.timed_out_by_budget(str(exc), timeout, spent))
             except Exception as exc:  # noqa: BLE001 - a broken run never stops the search (a dead forkserver)
-                failures.append(f"{type(exc).__name__}: {exc}")
+                turn.append(f"{type(exc).__name__}: {exc}")
             else:
                 cost[key] = max(cost.get(key, 0.0), self.clock.elapsed() - spent)
-                return True
-        return False
+                failures.extend(turn)
+                return True, None
+        failures.extend(turn)
+        # its retry failed too, or it failed with no run to its name (the wall too near for the retry)
+        return False, _failure_text(turn) if len(turn) > 1 or (turn and not runs) else None
 
     def from_study(self) -> Outcome:
         """The recipe from what the study holds, without measuring anything: every search's finalist runs, and
