@@ -7,20 +7,25 @@ makes the samples uncachable (autotune refuses to cache a sample that draws rand
 deterministic samples would make every worker count alike after the first epoch, and no worker count or
 thread split could then be a mismatch. Four scenarios:
 
-1. ``mismatch``: the recipe was searched with a cheap step (a real ``autotune.search`` whose step is 16
-   small ops, 1-2 ms; ``--quick``: the usual advice stands for it); the training runs the heavy step. The
-   mismatch is the thread split. Under the cheap step decoding is the bottleneck (10-13 ms of CPU a
-   batch, estimated), so the search gives it both cores (2 workers), and two main threads only get in the busy
-   workers' way (each of the step's parallel ops waits for a core the workers hold), so it takes one main
-   thread. The heavy step is the bottleneck instead, and its large matmuls scale with threads (~40 ms a
-   batch on one, ~22 on two, estimated): beside the workers one main thread costs it ~1.4x the best
-   split's time, and adapt has to find the split (or fewer workers). On a quiet machine the grid says
-   whether it holds: ``recipe_is_best`` in the JSON, "the recipe" in the table's grid best column, where
-   the search kept torch's threads (its rule on a tie) and its recipe is already the heavy step's best.
+1. ``mismatch``: the recipe was searched under a proxy: no training step at all (a dataset file that
+   declares none, the common case, measures the loader alone); the training runs the heavy step. Under
+   the proxy decoding is all there is (10-13 ms of CPU a batch, estimated), so all the usable CPUs' workers
+   win (~2x on 2 CPUs, estimated); the proxy gives the thread split nothing to measure, so torch's threads
+   stay. The heavy step's two main threads then share both cores with two decoding workers, and each of
+   its parallel matmuls waits for the thread a worker pre-empted: the last quiet grid (2026-12-02, the
+   same workload) had 2 workers with torch's threads at 1.24x the best (2 workers, one main thread; or
+   no workers, decoding between the steps on the step's cores): fewer workers, or fewer main threads,
+   win. The proxy's recipe is measured here, not guessed: workers 0, 1 and all the usable CPUs
+   (persistent), each once in a fresh process under the proxy, the fastest taken, the rest of the
+   searched recipe kept (``proxy`` in the JSON). Whether the mismatch holds on the machine is the grid's
+   to say: ``recipe_is_best`` in the JSON, "the recipe" in the table's grid best column.
 2. ``competitor``: a busy process per half of the usable CPUs starts at the middle epoch.
 3. ``phase``: the step is three times heavier from epoch 5 (``--quick``: from the middle epoch).
 4. ``no_regret``: the recipe is the grid's best for the real step (under ``mismatch``'s conditions, so it
    takes that grid; its "grid best" row is its "fixed recipe" runs: one configuration).
+
+Scenarios 2 and 3 start from the recipe of a real ``autotune.search`` under a cheap step (16 small ops,
+1-2 ms; ``--quick``: the usual advice stands for it).
 
 The grid is what adapt=True can move between from the recipe: workers 0, 1, half and all the usable CPUs
 (and the recipe's own count) x the main process's threads as the recipe sets them and the other split
@@ -50,10 +55,10 @@ recipe 1.4x the best's time gives adapt 1 + 2.5 x 0.4 / E of it, within 10% from
 from the middle epoch, costs one more epoch to see the drift. Hence 12 epochs (the phase change at the
 5th, the competitor at the 7th), of 32 batches (512 samples) so that a probe is 8 batches and a chunk 4.
 
-The full run on 2 CPUs: a 60 s search, then 6 grid points x 3 conditions and 3 rows x 3 repeats x 3
-scenarios plus 2 x 3 for ``no_regret``: 51 fresh runs (fewer where a scenario's recipe is its grid's best)
-of 12 epochs of 32 batches, ~20 minutes on a quiet 2-CPU machine (estimated: 1.2x the batches of the
-previous 1053 s run of 8 epochs of 40); it says its plan after the search. ``--scenarios`` runs only some
+The full run on 2 CPUs: a 60 s search and 3 proxy runs (the loader alone, ~5 s each), then 6 grid points
+x 3 conditions and 3 rows x 3 repeats x 3 scenarios plus 2 x 3 for ``no_regret``: 51 fresh runs (fewer
+where a scenario's recipe is its grid's best) of 12 epochs of 32 batches, ~21 minutes on a quiet 2-CPU
+machine (estimated: the last quiet run took 1206 s); it says its plan after the search. ``--scenarios`` runs only some
 (each scenario's grid, ~5 minutes, then its rows; ``no_regret`` reuses ``mismatch``'s grid).
 
     python benchmarks/adapt.py [--quick] [--scenarios mismatch phase ...] [--repeats 3] [--epochs 12]
@@ -121,7 +126,7 @@ def cell(params: dict[str, Any]) -> dict[str, Any]:
             if p["scenario"] == "competitor" and epoch == p["epochs"] // 2:
                 busy = competitors(max(1, usable_cpus() // 2))
             heavy = p["scenario"] == "phase" and epoch >= p["phase_epoch"]
-            rounds = p["step_rounds"] * (3 if heavy else 1)
+            rounds = 0 if p["scenario"] == "proxy" else p["step_rounds"] * (3 if heavy else 1)
             configs.append(loader.config.describe() if p["adapt"] else None)
             t0 = time.perf_counter()
             for k, batch in enumerate(loader):
@@ -135,8 +140,11 @@ def cell(params: dict[str, Any]) -> dict[str, Any]:
             proc.wait()
     history = [{"epoch": e.epoch, "decision": e.decision, "line": e.line, "seconds_per_batch": e.seconds_per_batch,
                 "stall": e.stall} for e in loader.history.events] if p["adapt"] else []
+    # the adapting loader's own ledger (its rule 5): the run's wall over the incumbent's, as it measured it
+    ledger = {"spent_s": loader.policy.spent_seconds, "seen_s": loader.policy.seen_seconds,
+              "try_costs_s": loader.policy.try_costs} if p["adapt"] else None
     return {"setup_s": setup, "epoch_s": epoch_s, "total_s": setup + sum(epoch_s), "configs": configs,
-            "main_threads": threads, "applied_before": applied.applied, "history": history}
+            "main_threads": threads, "applied_before": applied.applied, "history": history, "ledger": ledger}
 
 
 # ---------------------------------------------------------------------------- the parent
@@ -178,6 +186,29 @@ def measure_grid(run: Any, scenario: str, points: list[LoaderConfig]) -> list[di
 
 
 GRID_OF = {"no_regret": "mismatch"}  # a scenario run under another's conditions takes its grid
+PROXIED = ("mismatch", "no_regret")  # the scenarios that start from the proxy's recipe (no_regret: its grid's best)
+
+
+def proxy_recipe(run: Any, recipe: LoaderConfig, max_workers: int) -> tuple[LoaderConfig, dict[str, Any]]:
+    """Scenario 1's recipe (module docstring): the fastest of workers 0, 1 and ``max_workers`` (persistent),
+    torch's threads and the rest of ``recipe``, each run once in a fresh process by ``run(config)`` under
+    the proxy (no step)."""
+    evaluated = []
+    for n in sorted({0, 1, max_workers}):
+        point = recipe.refit(num_workers=n, main_threads=None, persistent_workers=bool(n),
+                             prefetch_factor=(recipe.prefetch_factor or 2) if n else None)
+        try:
+            total = run(point)["total_s"]
+        except (RunFailed, subprocess.TimeoutExpired) as exc:
+            total = None
+            output.say(f"proxy {point.describe()} failed: {exc}")
+        output.say(f"proxy {point.describe()}: {total}")
+        evaluated.append({"config": point.to_json(), "total_s": total})
+    timed = [e for e in evaluated if e["total_s"] is not None]
+    if not timed:
+        raise SystemExit("adapt: every proxy run failed: no recipe for the mismatch scenario")
+    best = min(timed, key=lambda e: e["total_s"])
+    return LoaderConfig.from_json(best["config"]), {"evaluated": evaluated, "best": best}
 
 
 def searched_recipe(args: Any, work: Path, max_workers: int) -> tuple[Profile, dict[str, Any]]:
@@ -260,27 +291,34 @@ def main(argv: list[str] | None = None) -> int:
     profile, search = (searched_recipe(args, work, max_workers) if searching or args.quick else (
         profile_for(usual_advice(max_workers, context="fork"), batch_size=BATCH, epochs=args.epochs,
                     source="benchmarks/adapt.py"), {"note": "no_regret alone: no search"}))
-    recipe = profile.config
-    points = grid(recipe, max_workers, args.quick)
+    searched = profile.config
 
     def run(scenario: str, config: LoaderConfig, adapt: bool) -> dict[str, Any]:
         params = {**base, "scenario": scenario, "profile": profile.to_dict(), "config": config.to_json(),
                   "adapt": adapt}
         return run_fresh(__file__, scenario, params, epochs=args.epochs, timeout=900)
 
-    conditions_run = {GRID_OF.get(s, s) for s in args.scenarios}
-    planned = len(conditions_run) * len(points) + sum(repeats * (2 if s == "no_regret" else 3) for s in args.scenarios)
-    output.say(f"adapt: recipe {recipe.describe()}; at most {planned} fresh runs of {args.epochs} epochs of "
-               f"{args.samples} samples ({len(points)} grid points under each of {len(conditions_run)} conditions)")
+    recipes = {s: searched for s in args.scenarios}
+    proxy: dict[str, Any] = {"note": "not run: no scenario starts from it"}
+    if any(s in PROXIED for s in args.scenarios):
+        proxied, proxy = proxy_recipe(lambda config: run("proxy", config, False), searched, max_workers)
+        recipes.update({s: proxied for s in args.scenarios if s in PROXIED})
+    points = {s: grid(recipes[s], max_workers, args.quick) for s in args.scenarios}
+    conditions_run = {GRID_OF.get(s, s): points[s] for s in args.scenarios}
+    planned = (sum(len(p) for p in conditions_run.values())
+               + sum(repeats * (2 if s == "no_regret" else 3) for s in args.scenarios))
+    output.say(f"adapt: recipes {', '.join(f'{s}: {recipes[s].describe()}' for s in args.scenarios)}; at most "
+               f"{planned} fresh runs of {args.epochs} epochs of {args.samples} samples (grid points under "
+               f"{len(conditions_run)} conditions)")
     grids: dict[str, list[dict[str, Any]]] = {}
     results: dict[str, Any] = {}
     rows = []
     for scenario in args.scenarios:
         conditions = GRID_OF.get(scenario, scenario)
         if conditions not in grids:
-            grids[conditions] = measure_grid(partial(run, conditions), conditions, points)
-        results[scenario] = r = scenario_result(partial(run, conditions), scenario, recipe, grids[conditions],
-                                                repeats)
+            grids[conditions] = measure_grid(partial(run, conditions), conditions, points[scenario])
+        results[scenario] = r = scenario_result(partial(run, conditions), scenario, recipes[scenario],
+                                                grids[conditions], repeats)
         r["conditions"] = conditions
         totals, goal = r["totals"], r["goal"]
         best = LoaderConfig.from_json(r["grid"]["best"]["config"])
@@ -294,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     notes = [f"{args.samples} samples of {args.work} numpy rounds and a random augmentation (uncachable), batch "
              f"{BATCH}, {args.epochs} epochs, a step of {args.step_rounds} 256x256 matmuls; whole-run wall seconds, "
              f"median (min–max) of {repeats} interleaved fresh processes; the ratios over the interleaved pairs.",
-             f"The grid: {len(points)} points adapt=True can reach from the recipe (workers x the main's threads, "
+             "mismatch's recipe: the fastest worker count under the proxy (no step: the loader alone), torch's "
+             "threads; competitor's and phase's: a real search under a cheap step (--quick: the usual advice).",
+             "Each grid: the points adapt=True can reach from the scenario's recipe (workers x the main's threads, "
              "the recipe's cache and allocator), the recipe's among them; the goal: adapt ÷ fixed ≤ 1.03 where the "
              "recipe is the grid's best, else adapt ÷ best ≤ 1.10; 'met' when every pair is within it, 'not met' "
              "when none is, 'tie within noise' otherwise.",
@@ -302,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
              "grid best row is its fixed recipe runs."]
     return output.finish(NAME, args, started, [table], notes, {
         "repeats": repeats, "epochs": args.epochs, "samples": args.samples, "batch_size": BATCH,
-        "search": search, "grid": [c.to_json() for c in points], "scenarios": results}, machine=machine.facts())
+        "search": search, "proxy": proxy, "grid": {s: [c.to_json() for c in p] for s, p in points.items()},
+        "scenarios": results}, machine=machine.facts())
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ def main(out: str, recipe: str, part_batches: str | None = None) -> None:
     dataset = Numbers(64, delay=0.004 if rank == 1 else 0.0)  # rank 1 is the slow one
     sampler = DistributedSampler(dataset, shuffle=True, seed=3)
     loader = autotune.dataloader(dataset, recipe, adapt=True, sampler=sampler, batch_size=4)
+    loader.policy.explore_share = 1  # a run this short affords no try under rule 5's budget: the switch is the point
     if part_batches is not None:
         loader.part_batches = int(part_batches)
     configs, seen = [], []

@@ -11,12 +11,13 @@ import math
 import pytest
 
 from autotune.config import LoaderConfig
-from autotune.recipe._adapt_policy import EXPLORE_SHARE, MIN_GAIN, Decision, EpochObservation, Policy, moves
+from autotune.recipe._adapt_policy import EXPLORE_SHARE, MIN_GAIN, Decision, EpochObservation, Policy, moves, same_pool
 
 W2 = LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True, multiprocessing_context="fork")
 W3 = W2.refit(num_workers=3)
 W4 = W2.refit(num_workers=4)
 W1 = W2.refit(num_workers=1)
+LOW = 0.05  # a stall under STALL_HIGH (fewer first) and over MIN_GAIN (a move feeding the loader may still pay)
 
 
 def obs(config, ms_per_batch, *, stall=0.5, batches=100, spread=0.0, fresh=False, first_wait=None, cpu=0.0):
@@ -118,16 +119,16 @@ def test_a_fresh_persistent_pools_start_up_is_paid_once_and_left_out():
 def test_a_settled_policy_reopens_on_a_drift_and_on_a_new_bottleneck():
     policy = Policy(W2, max_workers=2, explore_share=1)  # no more workers: only fewer, less prefetch, more prefetch
     figures = iter([10.0, 10.0, 12.0, 10.0, 12.0, 10.0, 12.0])
-    got = run(policy, [lambda c: obs(c, next(figures), stall=0.0)] * 7)
+    got = run(policy, [lambda c: obs(c, next(figures), stall=LOW)] * 7)
     assert [e for e, _ in got] == ["warm-up", "try", "revert", "try", "revert", "try", "settle"]
-    assert policy.decide(obs(W2, 10.5, stall=0.0)).event == "measure"  # within DRIFT
-    d = policy.decide(obs(W2, 30.0, stall=0.0))  # the step three times heavier
+    assert policy.decide(obs(W2, 10.5, stall=LOW)).event == "measure"  # within DRIFT
+    d = policy.decide(obs(W2, 30.0, stall=LOW))  # the step three times heavier
     assert (d.event, d.config) == ("reopen", W1) and not policy.settled
-    policy.decide(obs(W1, 40.0, stall=0.0))  # reverted
+    policy.decide(obs(W1, 40.0, stall=LOW))  # reverted
     assert policy.incumbent == W2
     settled = Policy(W2, max_workers=2, explore_share=1)
     for c in [W2, W2, W1, W2, W2.refit(prefetch_factor=1), W2, W2.refit(prefetch_factor=4)]:
-        settled.decide(obs(c, 10.0 if c == W2 else 12.0, stall=0.0))
+        settled.decide(obs(c, 10.0 if c == W2 else 12.0, stall=LOW))
     assert settled.settled
     d = settled.decide(obs(W2, 10.0, stall=0.4))  # as fast, but the step now waits
     assert d.event == "reopen" and d.config == W2.refit(prefetch_factor=4)
@@ -139,15 +140,15 @@ def test_a_drift_before_settling_clears_the_rejections_judged_before_it():
     reference: the run never reopened, while one move (fewer workers, here) was 1.6x faster by then."""
     policy = Policy(W2, max_workers=2, explore_share=1)  # moves: fewer workers, less prefetch, more prefetch
     quiet = {W2: 10.0, W1: 12.0, W2.refit(prefetch_factor=1): 12.0, W2.refit(prefetch_factor=4): 12.0}
-    got = run(policy, [lambda c: obs(c, quiet[c], stall=0.0)] * 5)
+    got = run(policy, [lambda c: obs(c, quiet[c], stall=LOW)] * 5)
     assert got == [("warm-up", W2), ("try", W1), ("revert", W2), ("try", W2.refit(prefetch_factor=1)),
                    ("revert", W2)]
-    d = policy.decide(obs(W2, 30.0, stall=0.0))  # the competitor: three times slower
+    d = policy.decide(obs(W2, 30.0, stall=LOW))  # the competitor: three times slower
     assert (d.event, d.config) == ("reopen", W1) and "30.00 ms a batch against 10.00 before" in d.line
-    assert policy.decide(obs(W1, 18.0, stall=0.0)).event == "keep" and policy.incumbent == W1
+    assert policy.decide(obs(W1, 18.0, stall=LOW)).event == "keep" and policy.incumbent == W1
     within = Policy(W2, max_workers=2, explore_share=1)  # a change within DRIFT rejects nothing again
-    run(within, [lambda c: obs(c, {W2: 10.0}.get(c, 12.0), stall=0.0)] * 5)
-    assert within.decide(obs(W2, 11.0, stall=0.0)) == Decision(
+    run(within, [lambda c: obs(c, {W2: 10.0}.get(c, 12.0), stall=LOW)] * 5)
+    assert within.decide(obs(W2, 11.0, stall=LOW)) == Decision(
         W2.refit(prefetch_factor=4), "try", "trying more prefetch: " + W2.refit(prefetch_factor=4).describe())
 
 
@@ -220,24 +221,27 @@ def probe(config, ms_per_batch, batches=25, **kw):
 
 def test_a_candidate_clearly_slower_on_its_probe_is_reverted_there_and_one_within_the_loss_is_judged_whole():
     pf4 = W2.refit(prefetch_factor=4)
-    policy = Policy(W2, max_workers=4)
+    policy = Policy(W2, max_workers=4, explore_share=1)
     assert run(policy, [lambda c: obs(c, 10.0)] * 2) == [("warm-up", W2), ("try", W3)]
     d = policy.decide(probe(W3, 11.0))  # 10% slower over its first 25 batches: beyond LOSS (6%)
     assert (d.event, d.config) == ("revert", W2) and "first 25 batches" in d.line
     assert policy.rejections == 1 and W3 in policy.tried
-    assert policy.lost_seconds == pytest.approx(0.001 * 25)  # a quarter of an epoch at 1 ms over
-    # the incumbent's rest of the epoch (its pool restarted) is not its figure; the next move is tried
+    assert policy.spent_seconds == pytest.approx(0.001 * 25)  # a quarter of an epoch at 1 ms over
+    # the incumbent's rest of the epoch (its pool restarted) is not its figure, but its cost is the try's;
+    # the next move is tried
     assert policy.decide(obs(W2, 14.0, batches=75)) == Decision(pf4, "try", "trying more prefetch: "
                                                                  + pf4.describe())
     assert policy.stats[W2].epochs == [0.010]
+    assert policy.spent_seconds == pytest.approx(0.025 + 75 * 0.004) == policy.try_costs["pool"]
     d = policy.decide(probe(pf4, 10.3))  # 3% slower on 25 batches: within LOSS, it reads the rest
     assert (d.event, d.config) == ("continue", pf4) and policy.trying == ("more prefetch", pf4)
     d = policy.decide(obs(pf4, 9.0, batches=75))  # judged on all 100: (25 x 10.3 + 75 x 9.0) / 100 ms
     assert (d.event, d.config) == ("keep", pf4)
     assert policy.stats[pf4].epochs == [pytest.approx((25 * 0.0103 + 75 * 0.009) / 100)]
-    assert policy.lost_seconds == pytest.approx(0.025)  # a kept candidate cost nothing
+    # a kept candidate's measured parts count as they were: 25 x 0.3 ms over, 75 x 1 ms under
+    assert policy.spent_seconds == pytest.approx(0.325 + 25 * 0.0003 - 75 * 0.001)
     # the noise measured in the run widens the loss a probe is reverted for: 3 x sigma x sqrt(1/8 + 1)
-    noisy = Policy(W2, max_workers=4)
+    noisy = Policy(W2, max_workers=4, explore_share=1)
     run(noisy, [lambda c: obs(c, 10.0, spread=0.05)] * 2)
     assert noisy.decide(probe(W3, 11.0)).event == "continue"  # 10% < 3 x 0.052 x 1.06 = 16%
 
@@ -248,34 +252,106 @@ def test_a_probe_leaves_a_fresh_pools_start_up_out_persistent_or_not():
                              fresh_pool=True, probe=True)
     assert fresh.seconds_per_batch == pytest.approx(0.1)  # each epoch of it pays the start-up again
     assert fresh.steady_seconds_per_batch == pytest.approx((1.0 - (0.5 - 0.5 / 9)) / 10)
-    policy = Policy(W2, max_workers=4)
+    policy = Policy(W2, max_workers=4, explore_share=1)
     run(policy, [lambda c: obs(c, 56.0)] * 2)
     policy.trying = ("not persistent", plain)  # a move no rule makes from W2: the probe's figure is the point
     assert policy.decide(fresh).event == "continue"  # steady 55.6 ms a batch: as fast, not the start-up's 100
 
 
-def test_where_every_move_is_slower_the_rejected_tries_cost_at_most_the_explore_share_of_the_run():
-    """The recipe is the best: each try is a rejection, and a new one starts only while what the rejected
-    cost (seconds per batch over the incumbent's, times their batches) is within 2% of the run so far."""
+def part(config, ms_per_batch, batches=100, *, start_up=0.0, overhead=0.0, probe=False, stall=0.5, cpu=0.0):
+    """A part as the loader hands it over: each batch waits ``stall`` of its time and the first one a fresh
+    pool's ``start_up`` besides; ``overhead``: the loader's own time before it (bookkeeping, a switch)."""
+    spb = ms_per_batch / 1e3
+    seconds = spb * batches + start_up
+    return EpochObservation(config=config, batches=batches, seconds=seconds,
+                            wait_seconds=stall * spb * batches + start_up, first_wait_seconds=stall * spb + start_up,
+                            chunk_seconds=(spb,) * 8, fresh_pool=start_up > 0, probe=probe,
+                            overhead_seconds=overhead, main_cpu_seconds=cpu * seconds)
+
+
+def drive(policy, rates, epochs, *, start_up, switch, bookkeeping, batches=100):
+    """The parts an adapting loader hands over for ``epochs`` epochs: a try's first quarter is its probe, a
+    new pool pays ``start_up`` in its first wait and ``switch`` in the loader's own time, every part
+    ``bookkeeping``. Returns each decision with the ledger after it, and the run's wall."""
+    current, fresh, overhead, probing = policy.incumbent, True, 0.0, False
+    wall, trace = 0.0, []
+    for _ in range(epochs):
+        left = batches
+        while left:
+            size = batches // 4 if probing else left
+            o = part(current, rates[current], size, start_up=start_up if fresh else 0.0, overhead=overhead,
+                     probe=probing)
+            d = policy.decide(o)
+            wall += o.seconds + o.overhead_seconds
+            trace.append((d.event, policy.spent_seconds, policy.seen_seconds))
+            left -= size
+            moved = not same_pool(current, d.config)
+            probing = d.event in ("try", "reopen") and d.config != current
+            fresh, overhead, current = moved, bookkeeping + (switch if moved else 0.0), d.config
+    return trace, wall
+
+
+def test_the_ledger_is_the_runs_measured_wall_over_the_fixed_runs_and_holds_the_invariant():
+    """Where the recipe is the best, every try is a rejection: the ledger counts each try's whole wall (the
+    new pool's start-up, the switch there and back, its probe, the incumbent's restart) and the loader's
+    bookkeeping, so it equals the adapting run's wall over the fixed run's exactly; a try starts only when
+    its expected cost fits 2% of the run so far, the first one too, so the extra never exceeds 2% of the
+    run plus the one try under way."""
+    rates = {W2: 10.0, W3: 12.0, W2.refit(prefetch_factor=4): 12.0, W1: 12.0}  # ms a batch
     policy = Policy(W2, max_workers=4)
-    got = []
-    at_tries = []  # (lost, seen) of the policy's own ledger when each try starts: observed seconds, no clock
-    current = W2
-    for _ in range(40):
-        d = policy.decide(obs(current, 10.0 if current == W2 else 12.0))
-        if d.event == "try":
-            at_tries.append((round(policy.lost_seconds, 9), round(policy.seen_seconds, 9)))
-        got.append(d.event)
-        current = d.config
-    assert EXPLORE_SHARE == 0.02
-    # the first try costs 0.2 s (100 batches at 2 ms over): the next waits until the run reached 10 s, the
-    # third until 20 s; the third rejection settles
-    assert got[:21] == (["warm-up", "try", "revert"] + ["measure"] * 6 + ["try", "revert"] + ["measure"] * 8
-                        + ["try", "settle"])
-    assert got.count("try") == 3 and policy.settled
-    # each try starts exactly when the loss so far is within 2% of the run so far (0/2, 0.2/10.2, 0.4/20.4)
-    assert at_tries == [(0.0, 2.0), (0.2, 10.2), (0.4, 20.4)]
-    assert policy.lost_seconds == pytest.approx(0.6) and policy.seen_seconds == pytest.approx(40.6)
-    unbounded = Policy(W2, max_workers=4, explore_share=1)
-    assert [e for e, _ in run(unbounded, [lambda c: obs(c, 10.0 if c == W2 else 12.0)] * 7)] == [
-        "warm-up", "try", "revert", "try", "revert", "try", "settle"]
+    trace, wall = drive(policy, rates, 200, start_up=0.3, switch=0.1, bookkeeping=0.001)
+    fixed = 0.3 + 200 * 100 * 0.010  # the fixed run: its pool's start-up once, every batch at 10 ms
+    assert policy.spent_seconds == pytest.approx(wall - fixed)
+    tries = [i for i, (event, *_) in enumerate(trace) if event == "try"]
+    # the first try (a new pool: its probe at the 6% loss, 2 x 0.3 s start-ups, no switch measured yet:
+    # 0.6155 s) waits until 2% of the run reached it plus the bookkeeping so far: epoch 32
+    assert tries[0] == 31 and trace[30][0] == "measure"
+    # each try's whole cost: 0.1 + 0.001 switching there, 0.3 start-up, 25 x 2 ms probe; 0.101 back, 0.3 restart
+    assert policy.try_costs["pool"] == pytest.approx(0.101 + 0.3 + 0.05 + 0.101 + 0.3)
+    for i in tries:  # at each start: the ledger and the expectation (the last rejected try's cost) within 2%
+        spent, seen = trace[i][1], trace[i][2]
+        expected = 0.6155 if i == tries[0] else 0.852
+        assert spent + expected <= EXPLORE_SHARE * seen + 1e-9
+    assert max(spent - EXPLORE_SHARE * seen for _, spent, seen in trace) <= 0.852 + 1e-9  # plus one try
+    assert len(tries) == 3 and policy.settled  # 3 rejections over 200 epochs
+    quick = Policy(W2, max_workers=4)  # the same run with pools that start for free: 0.025 + 0.004 a try
+    trace, _ = drive(quick, rates, 10, start_up=0.0, switch=0.0, bookkeeping=0.0)
+    assert [e for e, *_ in trace][:4] == ["warm-up", "try", "revert", "measure"]
+
+
+def test_a_move_that_only_feeds_the_loader_is_not_tried_while_the_step_never_waits():
+    """No stall worth chasing: a loader the step never waits on cannot make it MIN_GAIN faster by more
+    workers, prefetch or persistence; a step-bound run only tries to give the step cores back."""
+    none = LoaderConfig()
+    assert run(Policy(none, max_workers=2), [lambda c: obs(c, 10.0, stall=0.01)] * 2) == [
+        ("warm-up", none), ("settle", none)]
+    assert run(Policy(none, max_workers=2), [lambda c: obs(c, 10.0, stall=LOW)] * 2) == [
+        ("warm-up", none), ("try", W1.refit(multiprocessing_context=None))]
+    plain = W2.refit(persistent_workers=False)  # fewer workers still pays for a step-bound run
+    assert run(Policy(plain, max_workers=2), [lambda c: obs(c, 10.0, stall=0.01)] * 2)[1] == (
+        "try", plain.refit(num_workers=1))
+
+
+def test_a_slow_down_that_takes_the_main_processs_cores_tries_fewer_main_threads_first():
+    """benchmarks/adapt.py's competitor: two busy processes on 2 CPUs made the step 3x slower with its CPU
+    time unchanged (its share of the wall a third), and two parallel main threads waiting for each other
+    are the loss: "fewer main threads" (no new pool) leads. A step 3x heavier (its CPU share up) keeps
+    the stall's order."""
+    t1 = W2.refit(main_threads=1)
+    policy = Policy(W2, max_workers=2, threads=2, explore_share=1)
+    quiet = [lambda c: part(c, 10.0 if c == W2 else 12.0, stall=LOW, cpu=1.5)] * 4
+    assert [e for e, _ in run(policy, quiet)] == ["warm-up", "try", "revert", "try"]  # fewer workers, less prefetch
+    policy.decide(part(W2.refit(prefetch_factor=1), 12.0, stall=LOW, cpu=1.5))  # reverted
+    d = policy.decide(part(W2, 30.0, stall=LOW, cpu=0.5))  # the same CPU a batch over 3x the wall
+    assert (d.event, d.config) == ("reopen", t1)
+    heavier = Policy(W2, max_workers=2, threads=2, explore_share=1)
+    run(heavier, quiet)
+    heavier.decide(part(W2.refit(prefetch_factor=1), 12.0, stall=LOW, cpu=1.5))
+    d = heavier.decide(part(W2, 30.0, stall=LOW, cpu=1.8))
+    assert (d.event, d.config) == ("reopen", W1)  # the step-bound order: fewer workers first
+    lost_a_little = Policy(W2, max_workers=2, threads=2, explore_share=1)  # 0.8 of its share: not starved
+    run(lost_a_little, quiet)
+    lost_a_little.decide(part(W2.refit(prefetch_factor=1), 12.0, stall=LOW, cpu=1.5))
+    assert lost_a_little.decide(part(W2, 30.0, stall=LOW, cpu=1.2)).config == W1
+    assert moves(W2, LOW, max_workers=2, cuda=False, threads=2, starved=True)[0] == ("fewer main threads", t1)
+    assert moves(W2, LOW, max_workers=2, cuda=False, threads=None, starved=True)[0][0] == "fewer workers"

@@ -4,6 +4,7 @@ measured epochs handed to the policy, and the stall clock."""
 from __future__ import annotations
 
 import gc
+import time
 import warnings
 
 import psutil
@@ -152,6 +153,7 @@ def test_the_real_policy_keeps_the_batches_whatever_it_decides(tmp_path):
     path = write_recipe(tmp_path / "autotune.json", config=P2)
     dataset = Numbers(48, delay=0.001)
     loader = autotune.dataloader(dataset, path, adapt=True, shuffle=True, generator=torch.Generator().manual_seed(2))
+    loader.policy.explore_share = 1  # the tries are the point: a 5-epoch run of 6 batches affords none in 2%
     got = batches(loader, 5)
     assert got == batches(DataLoader(dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(2)),
                           5)
@@ -425,8 +427,10 @@ def test_lightning_trains_on_an_adapting_loader_with_a_plain_loaders_batches(tmp
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
         def train_dataloader(self):  # the one line, as with a fixed recipe
-            return autotune.dataloader(Numbers(40), path, adapt=True, shuffle=True,
-                                       generator=torch.Generator().manual_seed(8))
+            loader = autotune.dataloader(Numbers(40), path, adapt=True, shuffle=True,
+                                         generator=torch.Generator().manual_seed(8))
+            loader.policy.explore_share = 1  # a switch under Lightning is the point: no budget for it in 3 epochs
+            return loader
 
     model = Model()
     trainer = L.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
@@ -461,6 +465,46 @@ def test_a_long_epoch_switches_at_its_parts_with_a_plain_loaders_batches_and_one
     assert [e.config for e in events[:6]] == SCRIPT  # each part under the configuration chosen for it
     assert all(e.next_config != e.config for e in events[:5])  # five switches inside the first epoch
     assert loader.epoch == 3 and len(loader) == 25 and loader.batch_size == 8
+
+
+def test_the_loaders_own_time_between_parts_reaches_the_policy_as_overhead(tmp_path):
+    """Rule 5 counts what no part's clock does: the time from one part's end to the next one's start (the
+    bookkeeping and a switch: the old pool shut down, the new loader made) is the next observation's
+    overhead_seconds, and no second of the loop is counted twice."""
+    path = write_recipe(tmp_path / "autotune.json", config=SCRIPT[0])
+    loader = autotune.dataloader(Numbers(48), path, adapt=True, shuffle=True, generator=torch.Generator().manual_seed(5))
+    loader.policy = Scripted(SCRIPT)  # a new pool every epoch
+    make = loader._make
+
+    def slow_make(config):
+        time.sleep(0.2)  # a loader that takes 0.2 s to make: the switch's cost
+        return make(config)
+
+    loader._make = slow_make
+    started = time.perf_counter()
+    batches(loader, 4)
+    wall = time.perf_counter() - started
+    seen = loader.policy.seen
+    assert len(seen) == 4 and seen[0].overhead_seconds == 0.0  # nothing of the loader's before the first part
+    assert all(o.overhead_seconds >= 0.2 for o in seen[1:])  # each part followed a switch
+    assert sum(o.seconds + o.overhead_seconds for o in seen) <= wall
+
+
+def test_a_pools_memory_is_read_once_not_every_epoch(tmp_path, monkeypatch):
+    """A reading walks every page table of the tree (tens of milliseconds, the run's own time): the memory
+    rule needs a worker's PSS once a pool, read at the end of its first epoch."""
+    import autotune.recipe._adaptive as adaptive
+
+    readings = []
+    real = adaptive.tree_pss
+    monkeypatch.setattr(adaptive, "tree_pss", lambda *a, **k: readings.append(1) or real(*a, **k))
+    path = write_recipe(tmp_path / "autotune.json", config=P2)
+    loader = autotune.dataloader(Numbers(48), path, adapt=True, shuffle=True, generator=torch.Generator().manual_seed(3))
+    loader.policy = Scripted([P2, P2, P2, P1])  # epochs under P2, P2, P2, P1, P2
+    batches(loader, 5)
+    assert [o.config for o in loader.policy.seen] == [P2, P2, P2, P1, P2]
+    assert len(readings) == 3 and loader.memory.per_worker_bytes is not None  # P2's, P1's, P2's again
+    loader.close()
 
 
 class Probing(Policy):

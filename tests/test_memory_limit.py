@@ -51,6 +51,10 @@ def test_v2_max_less_current_plus_inactive_file(tmp_path):
     assert mem.available == 8 * GIB - 3 * GIB + GIB  # inactive file pages count, active ones do not
     assert mem.total == 8 * GIB
     assert "cgroup memory limit of 8.0 GiB" in mem.describe_limit()
+    # the one budget the search, the factory and the adapting loader hold a recipe to: 70% of what is left,
+    # shared by the ranks of a node
+    assert mem.budget() == int(6 * GIB * 0.7)
+    assert mem.budget(ranks=4) == int(6 * GIB * 0.7) // 4
 
 
 def test_v2_high_below_max_binds(tmp_path):

@@ -22,7 +22,7 @@ from autotune.tuner._measure import Plan, Workload
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._predict import Prediction
 from autotune.tuner._preparation import Setup
-from autotune.tuner._runner import Runner, TrialFailed, TrialRunner
+from autotune.tuner._runner import Runner, TrialFailed, TrialRunner, TrialTimedOut
 from autotune.tuner._space import Space
 from autotune.tuner._study import _RUNS_PREFIX, SearchOptions, _priors, _study_name, search
 
@@ -102,7 +102,8 @@ def test_a_finalist_that_fails_when_measured_again_is_dropped_not_fatal(tmp_path
     assert outcome.finalists[-1] == Finalist(best, ())  # shown as failed
     # and said why: the loop's leader is not the recipe, which the user must not have to guess
     assert [n for n in outcome.notes if n.startswith("finalist ")] == [
-        f"finalist {best.describe()} failed its re-measurement (timed out after 30 s); it is not chosen"]
+        f"finalist {best.describe()} failed its re-measurement (timed out after 30 s, and again when retried); it is "
+        "not chosen"]
     assert outcome.config != best and not outcome.is_default  # the next finalist, measured again, won
     assert outcome.config.cache == "memory" and outcome.config.num_workers
     # the finalists left are tied (the fake gives them one figure): the smallest change among them won
@@ -318,7 +319,7 @@ class TimesOut:
     """Every trial times out as the runner says it (no index to name): a default that its budget cut off."""
 
     def run(self, config, plan, *, timeout, should_prune=None, give_up_after=None, log_path=None):
-        raise TrialFailed(f"timed out after {timeout:.0f} s: a hung worker or a very slow candidate")
+        raise TrialTimedOut(f"timed out after {timeout:.0f} s: a hung worker or a very slow candidate")
 
 
 def test_a_default_whose_trial_the_budget_cut_short_is_said_as_the_budget_not_a_hang(tmp_path):
@@ -485,3 +486,174 @@ def test_one_lucky_pair_of_runs_does_not_decide_the_interval():
     winner, ratios = choose({c: sorted(v)[len(v) // 2] if len(v) % 2 else sum(v) / 2 for c, v in runs.items()},
                             {c: len(v) for c, v in runs.items()}, DEFAULT, spread)
     assert winner == WORKERS_CACHED and ratios[WORKERS_CACHED].low > 3.0
+
+
+# -- the finalists' stage: what may drop a finalist ------------------------------------------------------
+
+TWO_WORKERS = LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True, multiprocessing_context="fork")
+FIVE_X = Space(max_workers=2, contexts=("fork",), prefetch_factors=(2,), persistent=(True,))  # priors: D, then 2 workers
+
+
+class SearchClock:
+    """The budget's clock (``tuner._options``), moved only by the runs, so every limit and every start is exact."""
+
+    def __init__(self, now: float = 10_000.0):
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class TimedRunner:
+    """The 5x memory-limit search's two finalists on the search's clock: a run of the default takes 2.3 s and
+    predicts 69.8 s, one of two workers 2.1 s and 43.5 s (its trial's figures, 2026-12-02). ``seconds`` sets
+    the n-th run of a configuration to other seconds; a run longer than its limit is stopped at it, as the
+    runner stops one (TrialTimedOut). ``raises`` makes the n-th run of a configuration raise that instead."""
+
+    SECONDS = {DEFAULT: 2.3, TWO_WORKERS: 2.1}
+    TOTALS = {DEFAULT: 69.8, TWO_WORKERS: 43.5}
+
+    def __init__(self, clock: SearchClock, seconds=None, raises=None):
+        self.clock = clock
+        self.seconds = seconds or {}
+        self.raises = raises or {}
+        self.calls: list[tuple[LoaderConfig, float]] = []  # each run's configuration and limit
+
+    def run(self, config, plan, *, timeout, should_prune=None, give_up_after=None, log_path=None):
+        self.calls.append((config, timeout))
+        n = sum(1 for c, _ in self.calls if c == config)
+        if (config, n) in self.raises:
+            raise self.raises[(config, n)]
+        took = self.seconds.get((config, n), self.SECONDS[config])
+        if took > timeout:
+            self.clock.now += timeout
+            raise TrialTimedOut(f"timed out after {timeout:.0f} s: a hung worker or a very slow candidate")
+        self.clock.now += took
+        return _result(self.TOTALS[config] * (1 + 0.01 * (n % 3)))
+
+
+def _five_x(tmp_path, monkeypatch, left: float, budget: float = 30.0, batch_timeout: float = 30.0, **runner):
+    """The loop measures the default and two workers (4.4 s); the finalists' stage then starts ``left`` seconds
+    before the wall less STOP_S. Its rounds alternate D W2, W2 D: with 13.2 s + x, three rounds leave x when two
+    workers' turn comes. The search's clock is the runs' alone (the loop's trial durations too), so the loop
+    asks its second trial whatever the machine's load: it starts 2.1 s before the stage, 2.3 s after the first,
+    and ``budget`` must leave it that under the search's share."""
+    import dataclasses
+    import time
+    import types
+
+    from autotune.tuner import _options, _study
+    from autotune.tuner._study import SEARCH_SHARE, STOP_S
+
+    clock = SearchClock()
+    monkeypatch.setattr(_options, "time", types.SimpleNamespace(monotonic=clock.monotonic))
+    monkeypatch.setattr(_study, "time", types.SimpleNamespace(monotonic=clock.monotonic, time=time.time))
+    opts = SearchOptions(budget=budget, max_trials=2, workdir=tmp_path, progress=False)
+    wall = budget + opts.finalists_seconds - _options.EXIT_S
+    opts.started = clock.now - (wall - STOP_S - 4.4 - left)
+    assert wall - STOP_S - left - 2.1 <= budget * SEARCH_SHARE  # the loop's second trial is asked
+    runner = TimedRunner(clock, **runner)
+    setup = _setup(FIVE_X)
+    setup = dataclasses.replace(setup, plan=dataclasses.replace(setup.plan, batch_timeout=batch_timeout))
+    outcome = search(_spec(), opts, setup=setup, runner=runner)
+    return outcome, runner
+
+
+def test_a_finalists_run_is_started_only_with_the_seconds_its_measurement_took(tmp_path, monkeypatch):
+    """The 5x search (trials 1 and 11 of its study): two workers measured in 2.1 s, then drawn again and told its
+    figure in 0.2 s; the finalists' stage took that 0.2 s for its cost, started its last run with under 2.1 s
+    before the wall, the wall stopped it and two workers left the choice with its five good runs: the plain
+    default became the recipe (80.36 s against the grid's 48.72 s). With 1 s left when its turn comes, the
+    run is not started: its three runs stand and it wins."""
+    outcome, runner = _five_x(tmp_path, monkeypatch, left=13.2 + 1.0)
+    finals = runner.calls[2:]
+    assert [c for c, _ in finals] == [DEFAULT, TWO_WORKERS, TWO_WORKERS, DEFAULT, DEFAULT, TWO_WORKERS]
+    assert all(limit >= TimedRunner.SECONDS[c] for c, limit in finals)  # each could end before the wall
+    assert outcome.config == TWO_WORKERS and not outcome.is_default
+    assert [len(f.total_seconds) for f in outcome.finalists] == [3, 3]
+    assert not [n for n in outcome.notes if n.startswith("finalist ")]
+
+
+def test_a_finalists_run_the_wall_stops_drops_that_run_not_the_finalist(tmp_path, monkeypatch):
+    """Its fourth run is slower (3 s) than the 2.1 s it took before and 2.6 s are left: started, and stopped at
+    the wall. That says the budget ended, nothing about two workers: its three runs stand and it wins, and the
+    notes say what happened to the fourth."""
+    outcome, runner = _five_x(tmp_path, monkeypatch, left=13.2 + 2.6,
+                              seconds={(TWO_WORKERS, 5): 3.0})  # its 5th run: one in the loop, 4th here
+    assert [c for c, _ in runner.calls[2:]] == [DEFAULT, TWO_WORKERS, TWO_WORKERS, DEFAULT, DEFAULT, TWO_WORKERS,
+                                                   TWO_WORKERS]
+    assert outcome.config == TWO_WORKERS and not outcome.is_default
+    assert [f.total_seconds for f in outcome.finalists] == [(43.5 * 1.02, 43.5, 43.5 * 1.01),
+                                                            (69.8 * 1.02, 69.8, 69.8 * 1.01)]
+    (note,) = [n for n in outcome.notes if n.startswith("finalist ")]
+    assert note == (f"finalist {TWO_WORKERS.describe()}: a re-measurement was stopped at the wall (timed out after 3 s: "
+                    "the budget ran out (28.90 s spent before this trial, within 30.00 s plus 7.50 s for the "
+                    "finalists)); its 3 other run(s) stand")  # the wall (35.5 s) less STOP_S less 2.6 s
+
+
+def test_a_finalist_that_fails_once_is_retried_at_once_and_kept_when_the_retry_runs(tmp_path, monkeypatch):
+    """A run that fails (a worker the kernel killed, a guard reading at a peak, a forkserver that died: an
+    OSError from its start) is one run, not the finalist: on 3faddcc a TrialFailed put two workers out of the
+    choice, and an OSError ended the search with a traceback."""
+    for error in (TrialFailed("DataLoader worker (pid 7) is killed by signal: Killed"),
+                  OSError("[Errno 32] Broken pipe")):
+        outcome, runner = _five_x(tmp_path / type(error).__name__, monkeypatch, left=13.2 + 1.0,
+                                  raises={(TWO_WORKERS, 3): error})
+        assert [c for c, _ in runner.calls[2:5]] == [DEFAULT, TWO_WORKERS, TWO_WORKERS]  # failed, retried at once
+        assert outcome.config == TWO_WORKERS and not outcome.is_default
+        (note,) = [n for n in outcome.notes if n.startswith("finalist ")]
+        assert note.startswith(f"finalist {TWO_WORKERS.describe()}: 1 re-measurement(s) failed (") and note.endswith(
+            ") and ran when retried; its 3 run(s) stand"), note
+
+
+def test_a_finalist_whose_retry_fails_too_or_whose_run_hangs_is_out(tmp_path, monkeypatch):
+    """Failed twice in a row: it does not run here. Out, named with its reasons; the default is kept."""
+    killed = TrialFailed("used 700.0 MiB, over the memory budget of 606.8 MiB")
+    outcome, _ = _five_x(tmp_path / "twice", monkeypatch, left=13.2 + 1.0,
+                         raises={(TWO_WORKERS, 2): killed, (TWO_WORKERS, 3): killed})
+    assert outcome.is_default
+    assert [n for n in outcome.notes if n.startswith("finalist ")] == [
+        f"finalist {TWO_WORKERS.describe()} failed its re-measurement (used 700.0 MiB, over the memory budget of "
+        "606.8 MiB, and again when retried); it is not chosen"]
+    assert outcome.finalists[-1] == Finalist(TWO_WORKERS, ())
+    # Its neighbour, not retried: a run still going at the plan's limit (5 s here, not the wall's) hangs (a read
+    # that never returns), and its retry could take as long again from the other finalists.
+    outcome, runner = _five_x(tmp_path / "hung", monkeypatch, left=13.2 + 1.0, batch_timeout=5.0,
+                              seconds={(TWO_WORKERS, 3): 100.0})
+    # rounds D W2, W2 (hangs: 5 s) D, D: the default's two runs after it have 4.8 and 2.5 s before the wall
+    assert [c for c, _ in runner.calls[2:]] == [DEFAULT, TWO_WORKERS, TWO_WORKERS, DEFAULT, DEFAULT]
+    assert runner.calls[4][1] == 5.0  # the plan's limit, not the wall's
+    assert outcome.is_default
+    assert [n for n in outcome.notes if n.startswith("finalist ")] == [
+        f"finalist {TWO_WORKERS.describe()} failed its re-measurement (timed out after 5 s: a hung worker or a very "
+        "slow candidate); it is not chosen"]
+
+
+def test_the_finalists_cost_is_the_longest_measured_trial_not_a_repeat(tmp_path):
+    """A repeat is told an earlier figure and measures nothing: its duration is not what a run costs."""
+    import datetime
+
+    from autotune.tuner._study import _measured_seconds
+
+    study = optuna.create_study(storage=_storage.storage_url(None, tmp_path), direction="minimize")
+    start = datetime.datetime(2026, 12, 2, 0, 2, 27)
+    for seconds, repeat in ((2.1, False), (1.7, False), (0.2, True)):
+        study.add_trial(optuna.trial.FrozenTrial(
+            number=0, state=optuna.trial.TrialState.COMPLETE, value=43.5, values=None, datetime_start=start,
+            datetime_complete=start + datetime.timedelta(seconds=seconds), params={}, distributions={},
+            user_attrs={"config_key": TWO_WORKERS.key(), **({"repeat": True} if repeat else {})}, system_attrs={},
+            intermediate_values={}, trial_id=0))
+    assert _measured_seconds(study) == {TWO_WORKERS.key(): 2.1}
+
+
+def test_a_finalist_the_wall_leaves_unmeasured_keeps_its_trials_figure(tmp_path, monkeypatch):
+    """The stage has time for the default's run and 1 s more: two workers' run is stopped at the wall (or, where
+    its trial's seconds are known, not started). Its trial's figure stands, as the default's does when the wall
+    leaves it unmeasured, and it wins, with a note."""
+    outcome, runner = _five_x(tmp_path, monkeypatch, left=2.3 + 1.0, budget=12.0)
+    assert [c for c, _ in runner.calls[2:]] == [DEFAULT, TWO_WORKERS]
+    assert outcome.config == TWO_WORKERS and not outcome.is_default
+    assert outcome.figures.total_seconds == 43.5 * 1.01  # its trial's: the first run of it
+    assert [n for n in outcome.notes if n.startswith("finalist ")] == [
+        f"finalist {TWO_WORKERS.describe()} was not re-measured before the wall; its figure comes from the search's "
+        "own trial"]

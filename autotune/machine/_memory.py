@@ -10,8 +10,6 @@ import psutil
 
 from autotune.machine._memory_limit import job_memory
 
-BUDGET_SHARE = 0.7  # of what is available: the rest is the training's own growth and the kernel's
-
 
 def _tree_total(pid: int | None, read: Callable[[Any], int]) -> int:
     """``read(process)`` summed over ``pid`` and all its descendants (the DataLoader workers)."""
@@ -119,4 +117,4 @@ def available_bytes() -> int:
 def default_budget() -> int:
     """A safe share of the memory available to this job now: what a search may let one candidate use, and
     what the factory lets a recipe add."""
-    return int(available_bytes() * BUDGET_SHARE)
+    return job_memory().budget()

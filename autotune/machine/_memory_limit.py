@@ -29,6 +29,8 @@ from pathlib import Path
 from autotune._units import format_bytes
 from autotune.machine._cpus import _dirs_up, _own_cgroup_paths, _read
 
+BUDGET_SHARE = 0.7  # of what is available: the rest is the training's own growth and the kernel's
+
 __all__ = ["JobMemory", "job_memory", "cgroup_memory"]
 
 # v1 writes "no limit" as the largest page-aligned signed 64-bit number; anything this large is none.
@@ -60,6 +62,11 @@ class JobMemory:
     def total(self) -> int:
         """What the job may hold in all: its limit, else the host's RAM."""
         return self.limit if self.limit is not None else self.host_total
+
+    def budget(self, ranks: int = 1) -> int:
+        """A safe share of what the job may still take, for one of ``ranks`` processes of a node: what a search
+        lets one candidate add and what the factory and the adapting loader let a recipe add."""
+        return int(self.available * BUDGET_SHARE) // max(1, ranks)
 
     def describe_limit(self) -> str:
         """One phrase naming the limit: "the cgroup memory limit of 1.2 GiB (/sys/fs/cgroup/.../memory.max)"."""

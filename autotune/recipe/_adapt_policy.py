@@ -27,10 +27,19 @@ The rules (a hill climb, as tf.data's and MindSpore's, with a significance test)
    ``LOSS``, three times the noise of one chunk against the incumbent's, and the incumbent's own change,
    it is reverted there, so a clearly bad try costs a quarter of an epoch; otherwise the candidate reads
    the rest, and rule 2 judges the whole (the probe and the rest as one epoch).
-5. Exploration is bounded by its cost: the time lost to rejected candidates (their seconds per batch
-   over the incumbent's, times their batches) stays within ``EXPLORE_SHARE`` of the run's time so far; a
-   new try waits ("measure") until the run has grown past it. Where the recipe is already the best, every
-   try is a rejection, and this bounds what the run pays for looking, whatever the run's length.
+5. Exploration is bounded by its measured cost. The ledger (``spent_seconds``) holds the run's wall time
+   over running the incumbent: the loader's own time outside the clocks (``overhead_seconds``: its
+   bookkeeping, a switch's shut-down and new loader), each candidate part's whole wall (its new pool's
+   start-up included) over the incumbent's seconds per batch, and the incumbent's restart after a revert.
+   A try starts only when its expected whole cost fits what is left of ``EXPLORE_SHARE`` of the run so
+   far (``seen_seconds``), the first try too; the expectation is the last rejected try's measured cost
+   of its kind (a new pool, or the thread split alone), at least its probe at the least loss it is
+   reverted for plus, for a new pool, two start-ups and two switches as measured in this run. So the
+   invariant: the adapting run's extra wall time over the incumbent's (the fixed run's, where the recipe
+   is the best) never exceeds ``EXPLORE_SHARE`` of the run so far plus the one try under way, as long as
+   the bookkeeping alone stays within it. A move that only feeds the loader (more workers, prefetch,
+   persistence, pinning, worker threads) is not tried while the stall is under ``MIN_GAIN``: removing
+   every wait could not make the epoch as much faster as a switch is kept for.
 6. ``observe`` mode measures and never moves. A move ``allowed`` refuses (memory, /dev/shm) is skipped;
    a configuration whose workers failed (``crashed``) is never tried again in the run.
 
@@ -40,7 +49,10 @@ may not touch the process): more threads to the step ("more main threads", "fewe
 to the loader ("more worker threads", where the workers are not forked; "fewer main threads"), in the
 stall's order, judged by rule 2. The main process's CPU time says which way first when the step never
 waits: a main process keeping all its threads busy tries "more main threads" before fewer workers, since
-with ``MAX_REJECTIONS`` the move tried late may never be tried.
+with ``MAX_REJECTIONS`` the move tried late may never be tried. A slow-down that
+leaves the main process with under ``STARVED`` of its CPU share per wall second before it (the same
+work, fewer cores: a competitor) tries "fewer main threads" first: parallel threads that lose their cores
+wait for each other.
 """
 
 from __future__ import annotations
@@ -58,8 +70,24 @@ DRIFT = 0.15  # a settled incumbent's change that reopens the search (log scale,
 STALL_HIGH = 0.1  # above: the step waits for the loader
 SATURATED = 0.8  # the main's CPU seconds per wall second, per thread it has, from which its threads are all busy
 LOSS = 0.06  # the least slow-down a probe is reverted for (log scale, ~6%)
-EXPLORE_SHARE = 0.02  # the most of the run's time so far the rejected candidates may have cost
+EXPLORE_SHARE = 0.02  # the most of the run's time so far its extra wall time over the incumbent's may be
+STARVED = 0.75  # a slow-down with the main's CPU share below this fraction of its share before: cores lost
+# (two busy processes on 2 CPUs leave the main's two threads one CPU between them: 1 of its ~1.5 before, where
+# its spinning threads keep their CPU time a batch; a heavier step raises the share)
+MIN_BATCHES = 4  # an epoch (or part) shorter than this teaches nothing; a probe's least length
+PROBE_SHARE = 4  # a candidate's probe: this fraction (1/4) of its epoch, or of a long epoch's part
+FEED = frozenset({"more workers", "more prefetch", "persistent workers", "pin memory", "more worker threads"})
 MOST_PREFETCH = 8  # the most a move doubles prefetch_factor to (the search's largest)
+
+
+def probe_batches(size: int) -> int:
+    """A candidate's probe in an epoch (or part) of ``size`` batches: a quarter of it, at least MIN_BATCHES."""
+    return max(MIN_BATCHES, size // PROBE_SHARE)
+
+
+def same_pool(a: LoaderConfig, b: LoaderConfig) -> bool:
+    """Whether ``b`` runs on ``a``'s loader: only the main process's threads differ."""
+    return a.refit(main_threads=None) == b.refit(main_threads=None)
 
 
 @dataclass(frozen=True)
@@ -75,6 +103,7 @@ class EpochObservation:
     fresh_pool: bool = False  # this epoch started the workers (a switch, or not persistent)
     main_cpu_seconds: float = 0.0  # the main process's CPU time over the epoch, all its threads (0: unknown)
     probe: bool = False  # a candidate's first part (rule 4): judged for a clear loss only
+    overhead_seconds: float = 0.0  # the loader's own wall time outside the clocks since the previous observation
 
     def then(self, rest: EpochObservation) -> EpochObservation:
         """This probe and the ``rest`` of its epoch (or part) as one observation; the chunks are the rest's,
@@ -84,17 +113,22 @@ class EpochObservation:
                                 wait_seconds=self.wait_seconds + rest.wait_seconds,
                                 first_wait_seconds=self.first_wait_seconds, chunk_seconds=rest.chunk_seconds,
                                 fresh_pool=self.fresh_pool,
-                                main_cpu_seconds=self.main_cpu_seconds + rest.main_cpu_seconds)
+                                main_cpu_seconds=self.main_cpu_seconds + rest.main_cpu_seconds,
+                                overhead_seconds=self.overhead_seconds + rest.overhead_seconds)
+
+    @property
+    def start_up_seconds(self) -> float:
+        """A fresh pool's start-up: the first batch's wait beyond the mean of the others' (0 without one)."""
+        if not self.fresh_pool or self.batches < 2:
+            return 0.0
+        rest = (self.wait_seconds - self.first_wait_seconds) / (self.batches - 1)
+        return max(0.0, self.first_wait_seconds - rest)
 
     @property
     def steady_seconds_per_batch(self) -> float:
         """Seconds per batch without a fresh pool's start-up, persistent or not: a probe's rate, which a few
         batches would otherwise bury under the start-up a whole epoch amortises."""
-        seconds = self.seconds
-        if self.fresh_pool and self.batches > 1:
-            rest = (self.wait_seconds - self.first_wait_seconds) / (self.batches - 1)
-            seconds -= max(0.0, self.first_wait_seconds - rest)
-        return seconds / max(1, self.batches)
+        return (self.seconds - self.start_up_seconds) / max(1, self.batches)
 
     @property
     def stall(self) -> float:
@@ -104,11 +138,8 @@ class EpochObservation:
     def seconds_per_batch(self) -> float:
         """The epoch's cost per batch as the next epochs of this configuration would pay it (rule in the
         module docstring: a persistent pool's start-up is paid once)."""
-        seconds = self.seconds
-        if self.fresh_pool and self.config.persistent_workers and self.batches > 1:
-            rest = (self.wait_seconds - self.first_wait_seconds) / (self.batches - 1)
-            seconds -= max(0.0, self.first_wait_seconds - rest)
-        return seconds / max(1, self.batches)
+        paid_once = self.start_up_seconds if self.config.persistent_workers else 0.0
+        return (self.seconds - paid_once) / max(1, self.batches)
 
 
 @dataclass(frozen=True)
@@ -124,6 +155,7 @@ class _Stats:
     chunks: int = 0  # chunks behind the latest epoch
     stall: float = 0.0
     cpu_share: float = 0.0  # the main process's CPU seconds per wall second in the latest epoch
+    cpu_before: float = 0.0  # the same in the epoch before it
 
 
 Allowed = Callable[[LoaderConfig], str | None]  # None: the configuration may run; else why not
@@ -136,13 +168,14 @@ def _worker_step(n: int) -> int:
 
 def moves(config: LoaderConfig, stall: float, *, max_workers: int, cuda: bool, first: str | None = None,
           threads: int | None = None, max_threads: int | None = None,
-          cpu_share: float = 0.0) -> list[tuple[str, LoaderConfig]]:
+          cpu_share: float = 0.0, starved: bool = False) -> list[tuple[str, LoaderConfig]]:
     """The neighbours of ``config`` worth one epoch, in the order the stall suggests (``first``, the move
     last kept, leads while it still applies). ``threads``: the main process's thread count where
     ``config`` leaves it unset, None where the split may not move; ``max_threads`` (``max_workers``
     unless given): the most either side takes. ``cpu_share``: the main process's CPU seconds per wall
     second; a step that never waits and keeps every thread it has busy (``SATURATED``) is short of
-    threads, so "more main threads" leads the moves toward the step."""
+    threads, so "more main threads" leads the moves toward the step; ``starved`` (the main's threads lost
+    their cores, ``STARVED``): "fewer main threads" leads all."""
     max_threads = max_threads or max_workers
     n = config.num_workers
     out: dict[str, LoaderConfig] = {}
@@ -183,8 +216,9 @@ def moves(config: LoaderConfig, stall: float, *, max_workers: int, cuda: bool, f
         out.update(fewer)
         out.update(more)
     ordered = list(out.items())
-    if first in out:
-        ordered.sort(key=lambda item: item[0] != first)
+    lead = "fewer main threads" if starved and "fewer main threads" in out else first
+    if lead in out:
+        ordered.sort(key=lambda item: item[0] != lead)
     return [(name, c) for name, c in ordered if c != config]
 
 
@@ -215,18 +249,63 @@ class Policy:
         self.skipped: dict[LoaderConfig, str] = {}
         self.failed: dict[LoaderConfig, str] = {}  # configurations whose workers failed: never again
         self.probed: EpochObservation | None = None  # the candidate's probe, while it reads the rest
-        self.seen_seconds = 0.0  # the run's time so far (every observation)
-        self.lost_seconds = 0.0  # what the rejected candidates cost over the incumbent (rule 5)
-        self._batches = 0  # the judged candidate's batches
+        self.seen_seconds = 0.0  # the run's wall time so far: every observation and the loader's own time
+        self.spent_seconds = 0.0  # rule 5's ledger: the run's measured wall time over the incumbent's
+        self.try_costs: dict[str, float] = {}  # the last rejected try's whole cost, by kind ("pool", "threads")
+        self.start_up = 0.0  # the latest fresh pool's start-up, measured
+        self.switch_seconds = 0.0  # the loader's own time around the latest change of pool, measured
+        self.starved = False  # the incumbent's last slow-down left the main short of cores (``STARVED``)
+        self._previous: LoaderConfig | None = None  # the configuration of the previous observation
+        self._open: tuple[str, float] | None = None  # the try being accounted: its kind, the ledger before it
+        self._after_revert = False  # the incumbent's next observation pays its restart (rule 5)
+        self._part = 0  # the incumbent's latest epoch (or part), in batches: what a probe is a quarter of
         self._restarted = False  # the incumbent's next part follows a probe's revert (a restarted pool)
 
     # ------------------------------------------------------------------ measurements
+
+    def _account(self, obs: EpochObservation) -> None:
+        """Rule 5's ledger, from the observation as measured (before it is recorded: the incumbent's figure
+        it is charged against is the one before it)."""
+        self.seen_seconds += obs.seconds + obs.overhead_seconds
+        self.spent_seconds += obs.overhead_seconds  # a fixed loader has no bookkeeping and no switch
+        if obs.fresh_pool and obs.config.num_workers:
+            self.start_up = obs.start_up_seconds
+        if self._previous is not None and not same_pool(self._previous, obs.config):
+            self.switch_seconds = obs.overhead_seconds
+        self._previous = obs.config
+        incumbent = self.stats.get(self.incumbent)
+        rate = incumbent.epochs[-1] if incumbent is not None and incumbent.epochs else None
+        if self.trying is not None and obs.config == self.trying[1] and rate is not None:
+            self.spent_seconds += obs.seconds - rate * obs.batches  # its whole wall, its pool's start-up too
+        elif self._after_revert and obs.config == self.incumbent:
+            self._after_revert = False
+            if self._restarted and rate is not None:  # the rest of the epoch a probe gave back
+                self.spent_seconds += obs.seconds - rate * obs.batches
+            else:  # a whole epoch (or part): only its restart is beyond what the fixed run pays
+                self.spent_seconds += obs.seconds - obs.seconds_per_batch * obs.batches
+            if self._open is not None:
+                kind, before = self._open
+                self.try_costs[kind] = self.spent_seconds - before
+                self._open = None
+
+    def expected_cost(self, config: LoaderConfig, incumbent: _Stats) -> float:
+        """What trying ``config`` from the incumbent is expected to cost in all (rule 5): the last rejected
+        try's measured cost of its kind, at least its probe at the least loss it is reverted for and, for a
+        new pool, two start-ups and two switches (there and back) as measured in this run."""
+        kind = "threads" if same_pool(self.incumbent, config) else "pool"
+        floor = probe_batches(self._part) * incumbent.epochs[-1] * (math.exp(LOSS) - 1)
+        if kind == "pool":
+            floor += 2 * (self.start_up + self.switch_seconds)
+        return max(floor, self.try_costs.get(kind, 0.0))
 
     def _record(self, obs: EpochObservation) -> _Stats:
         stats = self.stats.setdefault(obs.config, _Stats())
         stats.epochs.append(obs.seconds_per_batch)
         stats.stall = obs.stall
+        stats.cpu_before = stats.cpu_share
         stats.cpu_share = obs.main_cpu_seconds / obs.seconds if obs.seconds > 0 else 0.0
+        if obs.config == self.incumbent:
+            self._part = obs.batches
         chunks = [c for c in obs.chunk_seconds if c > 0]
         stats.chunks = max(1, len(chunks))
         if len(chunks) > 1:
@@ -254,18 +333,21 @@ class Policy:
         if self.trying is not None and self.trying[1] == config:
             self.trying, self.probed = None, None
             self.rejections += 1
+            self._after_revert = True  # the incumbent's pool restarts (the failed part is the loader's own time)
 
     def restart_from(self, config: LoaderConfig) -> None:
         """Go on from ``config`` (a resumed state's): its epochs are the incumbent's, nothing is being tried."""
         self.incumbent, self.trying, self.probed = config, None, None
+        self._open, self._after_revert, self._restarted = None, False, False
 
     # ------------------------------------------------------------------ decisions
 
     def decide(self, obs: EpochObservation) -> Decision:
         self.epochs += 1
-        self.seen_seconds += obs.seconds
+        self._account(obs)
         if self.epochs == 1 and not self.observe:  # rule 1: its figure would be the incumbent's noise
             self.stats.setdefault(obs.config, _Stats()).stall = obs.stall
+            self._part = obs.batches
             return Decision(self.incumbent, "warm-up", "the first epoch warms up (files, caches, workers)")
         if self.trying is not None and obs.config == self.trying[1]:
             if obs.probe:
@@ -281,7 +363,6 @@ class Policy:
             return Decision(obs.config, "observe", f"{obs.seconds_per_batch * 1e3:.2f} ms a batch, stall "
                                                    f"{obs.stall:.0%}: observed")
         if self.trying is not None and obs.config == self.trying[1]:
-            self._batches = obs.batches
             return self._judge(stats)
         if obs.config != self.incumbent:  # an epoch of something else (a resumed state's): measured only
             return Decision(self.incumbent, "revert", f"back to {self.incumbent.describe()}")
@@ -304,8 +385,16 @@ class Policy:
         if abs(math.log(now / before)) <= max(DRIFT, 2 * self.noise()):
             return None
         self.rejections, self.tried, self.skipped = 0, set(), {}
+        self.starved = self._starved(incumbent, before)
         self.stats[self.incumbent] = _Stats([now], incumbent.chunks, incumbent.stall, incumbent.cpu_share)
         return f"conditions changed: {now * 1e3:.2f} ms a batch against {before * 1e3:.2f} before"
+
+    @staticmethod
+    def _starved(incumbent: _Stats, before: float) -> bool:
+        """Whether the incumbent's latest epoch, slower than ``before``, left its main process under
+        ``STARVED`` of the CPU share per wall second it had the epoch before: the same work on fewer cores
+        (a competitor), where a heavier step would have raised it."""
+        return bool(incumbent.epochs[-1] > before > 0 and 0 < incumbent.cpu_share < STARVED * incumbent.cpu_before)
 
     def _probe(self, obs: EpochObservation) -> Decision:
         """Rule 4: the candidate's first part, reverted where clearly slower."""
@@ -321,8 +410,7 @@ class Policy:
         if loss <= need:
             self.probed = obs
             return Decision(config, "continue", f"{name}: {figures}: goes on")
-        self.trying, self._restarted = None, True
-        self.lost_seconds += (now - before) * obs.batches
+        self.trying, self._restarted, self._after_revert = None, True, True
         return self._rejected(name, config, figures)
 
     def _rejected(self, name: str, config: LoaderConfig, figures: str) -> Decision:
@@ -345,31 +433,37 @@ class Policy:
                    f"({math.exp(gain):.3f}x, needed {math.exp(need):.3f}x)")
         if gain > need:
             self.incumbent, self.kept_move, self.rejections = config, name, 0
-            self.tried = set()
+            self.tried, self._open, self.starved = set(), None, False
             return Decision(config, "keep", f"{name}: {figures}: kept")
-        batches = self._batches
-        self.lost_seconds += max(0.0, candidate.epochs[-1] - incumbent.epochs[-1]) * batches
+        self._after_revert = True
         return self._rejected(name, config, figures)
 
     def _next_move(self, incumbent: _Stats) -> Decision:
         if self.rejections >= MAX_REJECTIONS and incumbent.epochs:  # rejections a crash ended (``crashed``)
             self._settle()
             return Decision(self.incumbent, "settle", f"settled after {self.rejections} rejections")
-        if self.lost_seconds > self.explore_share * self.seen_seconds:  # rule 5: the run has to grow first
-            return Decision(self.incumbent, "measure",
-                            f"exploration waits: the rejected tries cost {self.lost_seconds:.2f} s of "
-                            f"{self.seen_seconds:.2f} s so far (at most {self.explore_share:.0%})")
         threads = None if "main_threads" in self.fixed else self.threads
         for name, config in moves(self.incumbent, incumbent.stall, max_workers=self.max_workers, cuda=self.cuda,
-                                  first=self.kept_move, threads=threads, cpu_share=incumbent.cpu_share):
+                                  first=self.kept_move, threads=threads, cpu_share=incumbent.cpu_share,
+                                  starved=self.starved):
             if config in self.tried or config in self.skipped or config in self.failed or any(
                     getattr(config, k) != getattr(self.incumbent, k) for k in self.fixed):
+                continue
+            if name in FEED and incumbent.stall < MIN_GAIN:  # rule 5: no wait worth removing
                 continue
             why = self.allowed(config)
             if why is not None:
                 self.skipped[config] = why
                 continue
+            expected = self.expected_cost(config, incumbent)
+            left = self.explore_share * self.seen_seconds - self.spent_seconds
+            if self.explore_share < 1 and expected > left:  # rule 5: the run has to grow first
+                return Decision(self.incumbent, "measure",
+                                f"exploration waits: {name} would cost {expected:.2f} s, "
+                                f"{max(0.0, left):.2f} s of its {self.explore_share:.0%} of "
+                                f"{self.seen_seconds:.2f} s left")
             self.trying = (name, config)
+            self._open = ("threads" if same_pool(self.incumbent, config) else "pool", self.spent_seconds)
             return Decision(config, "try", f"trying {name}: {config.describe()}")
         self._settle()
         return Decision(self.incumbent, "settle", "settled: no move left to try")
@@ -386,7 +480,8 @@ class Policy:
         crossed = (incumbent.stall > STALL_HIGH) != (self.settled_stall > STALL_HIGH)
         if change > max(DRIFT, 2 * self.noise()) or crossed:
             self.settled, self.rejections, self.tried, self.skipped = False, 0, set(), {}
-            self.stats[self.incumbent] = _Stats([now], incumbent.chunks, incumbent.stall)
+            self.starved = self._starved(incumbent, self.reference)
+            self.stats[self.incumbent] = _Stats([now], incumbent.chunks, incumbent.stall, incumbent.cpu_share)
             decision = self._next_move(self.stats[self.incumbent])
             why = (f"{now * 1e3:.2f} ms a batch against {self.reference * 1e3:.2f} when settled" if not crossed
                    else f"the stall is now {incumbent.stall:.0%}")

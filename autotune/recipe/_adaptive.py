@@ -15,7 +15,8 @@ out of memory or /dev/shm, any error) hands the epoch back to the incumbent at i
 batch, with one warning, and is never tried again; the incumbent meeting the same error raises it (a dataset's own
 error is the plain loader's). A move is allowed only where its
 batches fit ``/dev/shm`` and its workers the job's memory budget (the factory's rules: ``shm_rule``, 70%
-of what the job may still take), from the process tree's PSS read at epoch ends, outside the clock.
+of what the job may still take), from the process tree's PSS read once a pool, at the end of its first part,
+outside the clock.
 
 With torch.distributed initialised, every rank's epoch is reduced (the slowest rank's time and wait),
 rank 0 decides, and its decision is broadcast: the ranks switch together.
@@ -32,41 +33,36 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from autotune.config import LoaderConfig
 from autotune.loader import EpochStream, reuses_iterator
-from autotune.recipe._adapt_policy import Decision, EpochObservation, Policy
+from autotune.machine import batch_bytes, job_memory, shm_free, shm_rule, tree_pss
+from autotune.recipe._adapt_policy import MIN_BATCHES, Decision, EpochObservation, Policy, probe_batches, same_pool
 from autotune.recipe._stall_clock import HostClock, clock_for_this_process
 from autotune.recipe._thread_split import MainThreads
 
 log = logging.getLogger("autotune")
 
 CHUNKS = 8  # an epoch's steady batches in this many chunks: the run's own noise (_adapt_policy rule 2)
-MIN_BATCHES = 4  # an epoch left sooner (a break) teaches nothing
-PROBE_SHARE = 4  # a candidate's probe: this fraction (1/4) of its epoch, or of a long epoch's part
 PART_BATCHES = 256  # a long epoch (two parts or more) is judged, and may switch, every this many batches
-
-
-def probe_batches(size: int) -> int:
-    """A candidate's probe in an epoch (or part) of ``size`` batches: a quarter of it, at least MIN_BATCHES."""
-    return max(MIN_BATCHES, size // PROBE_SHARE)
 
 
 @dataclass
 class Memory:
-    """What the memory and /dev/shm rules need: a batch's bytes (the first batch), a worker's PSS (read at
-    epoch ends, outside the clock)."""
+    """What the memory and /dev/shm rules need: a batch's bytes (the first batch), a worker's PSS (read once
+    a pool, at the end of its first part, outside the clock: a reading walks every page table of the tree,
+    tens of milliseconds, which every epoch would cost the run a share of its exploration budget)."""
 
     batch_bytes: int = 0
     per_worker_bytes: int | None = None
+    read_for: LoaderConfig | None = None  # the pool the reading is of
 
     def read(self, config: LoaderConfig) -> None:
-        """A worker's share of the process tree's PSS under ``config``."""
-        if not config.num_workers:
+        """A worker's share of the process tree's PSS under ``config``, unless read for its pool already."""
+        if not config.num_workers or (self.read_for is not None and same_pool(self.read_for, config)):
             return
-        import psutil
-
-        from autotune.machine import tree_pss
-
+        self.read_for = config
         try:
             info = psutil.Process().memory_full_info()
             main = int(getattr(info, "pss", 0) or info.rss)
@@ -77,9 +73,6 @@ class Memory:
     def allowed(self, config: LoaderConfig, current: LoaderConfig, ranks: int = 1) -> str | None:
         """None when ``config``'s batches fit /dev/shm and its extra workers and batches fit 70% of what the
         job may still take (the factory's rules), else why not."""
-        from autotune.machine import job_memory, shm_free, shm_rule
-        from autotune.machine._memory import BUDGET_SHARE
-
         why = shm_rule(config.num_workers, config.prefetch_factor, self.batch_bytes, shm_free())
         if why is not None:
             return why
@@ -87,7 +80,7 @@ class Memory:
         extra = (per_worker * (config.num_workers - current.num_workers)
                  + self.batch_bytes * (config.num_workers * (config.prefetch_factor or 0)
                                        - current.num_workers * (current.prefetch_factor or 0)))
-        budget = int(job_memory().available * BUDGET_SHARE) // max(1, ranks)
+        budget = job_memory().budget(ranks)
         if extra > budget:
             return f"needs {extra} more bytes, over the memory budget of {budget}"
         return None
@@ -123,13 +116,14 @@ class RankSync:
         device = "cuda" if self.dist.get_backend() == "nccl" else "cpu"
         chunks = list(obs.chunk_seconds)[:CHUNKS] + [0.0] * (CHUNKS - len(obs.chunk_seconds[:CHUNKS]))
         values = torch.tensor([obs.seconds, obs.wait_seconds, obs.first_wait_seconds, float(obs.batches),
-                               obs.main_cpu_seconds, *chunks],
+                               obs.main_cpu_seconds, obs.overhead_seconds, *chunks],
                               dtype=torch.float64, device=device)
         self.dist.all_reduce(values, op=self.dist.ReduceOp.MAX)
         v = values.tolist()
         return EpochObservation(config=obs.config, batches=int(v[3]), seconds=v[0], wait_seconds=v[1],
-                                first_wait_seconds=v[2], chunk_seconds=tuple(c for c in v[5:] if c > 0),
-                                fresh_pool=obs.fresh_pool, main_cpu_seconds=v[4], probe=obs.probe)
+                                first_wait_seconds=v[2], chunk_seconds=tuple(c for c in v[6:] if c > 0),
+                                fresh_pool=obs.fresh_pool, main_cpu_seconds=v[4], probe=obs.probe,
+                                overhead_seconds=v[5])
 
     def broadcast(self, decision: Decision | None) -> Decision:
         payload = [None if decision is None else
@@ -200,11 +194,6 @@ def shut_down(loader: Any, iterator: Any = None) -> None:
         loader._iterator = None
 
 
-def _same_pool(a: LoaderConfig, b: LoaderConfig) -> bool:
-    """Whether ``b`` runs on ``a``'s loader: only the main process's threads differ."""
-    return a.refit(main_threads=None) == b.refit(main_threads=None)
-
-
 def _unwatch(iterator: Any) -> None:
     """Take a candidate pool's workers out of torch's SIGCHLD check, which raises wherever the main thread
     is when a worker dies (in the training step too); the pool's own check (every few seconds inside
@@ -273,6 +262,7 @@ class AdaptiveLoader:
         self._completed: set[LoaderConfig] = set()  # configurations that read a part without failing
         self._note: str | None = None  # a failed candidate's warning, said once the incumbent went past it
         self._trial = False  # the last decision was a try: the next part starts with its probe
+        self._outside = 0.0  # the loader's own wall time since the last observation: the policy's rule 5
         self.epoch = 0
 
     @property
@@ -321,7 +311,7 @@ class AdaptiveLoader:
             if not self._threads.apply(config.main_threads):
                 config = config.refit(main_threads=self.config.main_threads)  # the user's now: not moved
                 self.policy.fixed = self.policy.fixed | {"main_threads"}
-        if _same_pool(self.config, config):
+        if same_pool(self.config, config):
             self.config = config  # the same workers go on
             return
         shut_down(self._loader, self._active)  # before the new loader starts: never two pools at once
@@ -388,6 +378,7 @@ class AdaptiveLoader:
                 except Exception as exc:
                     if not self._recover(exc):
                         raise
+                    self._outside += clock.now() - pending.start  # the failed part, whole: the try's cost
                     iterator = None
                     clock.epoch_waits()  # the part mixed two configurations: it teaches nothing
                     self._trial = False
@@ -400,8 +391,6 @@ class AdaptiveLoader:
                     self._stream.delivered()
                 position = self._position(count)
                 if count == 1 and not self.memory.batch_bytes:
-                    from autotune.machine import batch_bytes
-
                     self.memory.batch_bytes = batch_bytes(batch)
                 if self._note is not None:
                     warnings.warn(self._note, stacklevel=2)  # the incumbent went past the failed batch
@@ -467,7 +456,7 @@ class AdaptiveLoader:
         """Whether a failure now is a candidate's (``_recover``)."""
         failed, good = self.config, self.policy.incumbent
         return (self._stream is not None and failed != good and good in self._completed
-                and not _same_pool(failed, good))
+                and not same_pool(failed, good))
 
     def _finish_pending(self, ended: float | None = None) -> None:
         """End the epoch that was whole by count: at ``ended``, or (its consumer never came back) one step
@@ -477,12 +466,16 @@ class AdaptiveLoader:
             self._end(pending, ended if ended is not None else pending.estimated_end())
 
     def _end(self, pending: _Pending, end: float, *, mid_epoch: bool = False, probe: bool = False) -> None:
+        began = time.perf_counter()  # from here to the next part's clock: the loader's own time (a switch too)
         waits = pending.clock.epoch_waits()
         if len(waits) >= MIN_BATCHES:
             self._completed.add(pending.config)
             obs = _epoch_stats(waits, pending.marks, pending.start, end, pending.config, pending.fresh,
                                time.process_time() - pending.cpu_start)
-            self._end_epoch(dataclasses.replace(obs, probe=probe) if probe else obs, mid_epoch)
+            obs = dataclasses.replace(obs, probe=probe, overhead_seconds=self._outside)
+            self._outside = 0.0
+            self._end_epoch(obs, mid_epoch)
+        self._outside += time.perf_counter() - began
 
     def _end_epoch(self, obs: EpochObservation, mid_epoch: bool = False) -> None:
         if self._read_memory:

@@ -22,7 +22,6 @@ from typing import Any
 from autotune._units import format_bytes
 from autotune.caches._codec import sample_nbytes
 from autotune.config import LoaderConfig, cache_backend, partial_count
-from autotune.machine._memory import BUDGET_SHARE
 from autotune.machine._memory_limit import JobMemory, job_memory
 
 
@@ -61,7 +60,7 @@ def fit_memory(config: LoaderConfig, measured: Any, dataset: Any, *, batch_size:
     ``num_workers`` itself, and it is never changed.
     """
     memory = memory or job_memory()
-    budget = int(memory.available * BUDGET_SHARE) // max(1, ranks)
+    budget = memory.budget(ranks)
     backend = config.cache if config.cache_in_memory else None  # only a cache in memory counts here
     length = len(dataset) if backend is not None else 0
     cache = 0

@@ -24,7 +24,6 @@ from autotune.dataset import (
 )
 from autotune.dataset._probe import Probe, probe_dataset, probe_indices, probe_stream
 from autotune.machine import (
-    BUDGET_SHARE,
     JobMemory,
     SourceFiles,
     build_workers,
@@ -121,7 +120,7 @@ def trial_memory(spec: UserSpec, batch_bytes: int, ranks: int, max_memory: int |
     except (OSError, EOFError, RuntimeError, ValueError):
         charges = ForkCharges(interpreter=process_uss(), forked=process_uss())
     memory = job_memory()
-    return TrialMemory(budget=max_memory or int(memory.available * BUDGET_SHARE), interpreter=charges.interpreter,
+    return TrialMemory(budget=max_memory or memory.budget(), interpreter=charges.interpreter,
                        heap=charges.forked, dataset=pickled_size(spec.dataset), batch_bytes=batch_bytes,
                        ranks=ranks, available=memory.available, limit_text=memory.describe_limit())
 

@@ -154,6 +154,12 @@ class TrialFailed(Exception):
     """The candidate could not be measured; the message is the reason recorded on the trial."""
 
 
+class TrialTimedOut(TrialFailed):
+    """The candidate was still running when its limit ran out. Whether that says anything about it depends on
+    who set the limit: the plan's is a hung worker or a very slow candidate, the wall's only that the budget
+    ended (``tuner/_study.py``: a finalist's run the wall stopped keeps the finalist in the choice)."""
+
+
 class TrialPruned(Exception):
     """The pruner stopped the candidate early: its partial figure was hopeless."""
 
@@ -607,8 +613,8 @@ class Runner:
             if now > deadline:
                 logged = [r for r in ranks if r.log and r.proc.pid]  # without a log the answer would reach the terminal
                 hung = what_hangs([r.proc.pid for r in logged if r.proc.pid], [r.log for r in logged])
-                raise TrialFailed(f"timed out after {timeout:.0f} s: " + (hung or "a hung worker or a very slow "
-                                                                          "candidate"))
+                raise TrialTimedOut(f"timed out after {timeout:.0f} s: " + (hung or "a hung worker or a very slow "
+                                                                            "candidate"))
             if self.memory_limit and now >= next_memory_check:
                 next_memory_check = now + 1.0
                 # RSS is cheap but counts every page shared with the forkserver and among the workers, once per

@@ -34,7 +34,7 @@ from autotune.tuner._measure import Plan
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._options import MIN_ROUNDS, Clock, SearchOptions
 from autotune.tuner._preparation import Setup, prepare, with_subset
-from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, TrialRunner, warm_forkserver
+from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, TrialRunner, TrialTimedOut, warm_forkserver
 from autotune.tuner._significance import NARROW, Spread, choose, cpu_times, noise_since, ratio
 from autotune.tuner._space import Space
 
@@ -363,17 +363,29 @@ class Search:
     def finish(self) -> Outcome:
         """Measure the finalists and the default again, interleaved (A B C, B C A, ...), until the leader's
         speed-up over the default is known to about +-5% (at least MIN_ROUNDS rounds), ``max_rounds``, or the
-        wall; a run that would not end before the wall is not started."""
+        wall; a run that would not end before the wall is not started.
+
+        The invariant: a finalist leaves the choice only when its re-measurement shows it cannot run here, never
+        because of when it ran. A run that fails is retried at once (a worker the kernel killed, a guard reading
+        at a peak, a dead forkserver: a broken run never stops the search); the finalist is out when the retry
+        fails too, when it failed with no run to its name, or when a run hung to the plan's own limit (not
+        retried: that could take as long again from the others). A run the wall stopped (its limit was the time
+        left, not the plan's) says only that the budget ended: that run is dropped and the finalist keeps its
+        others. The 5x memory-limit search's best trial (two workers, 43.5 s against the default's 69.8 s) lost
+        five good runs that way: its last one was started with the 0.2 s that a repeat of its trial had taken,
+        not the 2.1 s its measurement had, and was stopped at the wall."""
         study, plan = self.study, self.plan
         default = self.setup.space.default()
         finalists = _best_distinct(study, self.opts.finalists)
-        # the default first: it anchors every comparison, so the first round measures it whatever is left
+        # the default first: it anchors every comparison, so the first round measures it whatever is left;
+        # then the finalists by promise, so a short stage re-measures the best before the others
         configs = [default] + [c for c in (LoaderConfig.from_json(t.user_attrs["config"]) for t in finalists)
                                if c != default]
         figures: dict[LoaderConfig, list[Measurement]] = {c: [] for c in configs}
+        failures: dict[LoaderConfig, list[str]] = {c: [] for c in configs}
         failed_finalists: dict[LoaderConfig, str] = {}
-        cost = {t.user_attrs.get("config_key"): t.duration.total_seconds()
-                for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if t.duration}
+        stopped: dict[LoaderConfig, str] = {}  # a run the wall stopped, by finalist: the last one's reason
+        cost = _measured_seconds(study)
         typical = statistics.median(cost.values()) if cost else plan.batch_timeout / 10
         for r in range(self.opts.max_rounds):
             order = configs[r % len(configs):] + configs[: r % len(configs)]  # rotate: A B C, B C A, ...
@@ -381,20 +393,71 @@ class Search:
             for config in order:
                 if config in failed_finalists:
                     continue
-                left = self.clock.left() - STOP_S
-                if left < min(cost.get(config.key(), typical), plan.batch_timeout):
-                    continue  # it would not end before the wall: its figures so far (or the loop's) stand
-                timeout, spent = min(plan.batch_timeout, left), self.clock.elapsed()
-                try:
-                    figures[config].append(self.runner.run(config, plan, timeout=timeout))
-                    ran = True
-                except TrialFailed as exc:  # a finalist that fails now (timeout, memory) is out, not fatal
-                    failed_finalists[config] = self.timed_out_by_budget(str(exc), timeout, spent)
+                measured, out = self._remeasure(config, figures[config], failures[config], stopped, cost, typical)
+                ran = ran or measured
+                if out is not None:
+                    failed_finalists[config] = out
                 self.progress.update(f"finalists round {r + 1}")
             if not ran or (r + 1 >= MIN_ROUNDS and _settled(figures, default)):
                 break
-        runs = _pool_runs(study, figures, failed_finalists, self.setup.limits.notes)
+        notes = self.setup.limits.notes
+        for config in configs:
+            kept = config not in failed_finalists and figures[config]
+            if kept and failures[config]:
+                notes.append(f"finalist {config.describe()}: {len(failures[config])} re-measurement(s) failed "
+                             f"({failures[config][-1]}) and ran when retried; its {len(figures[config])} run(s) stand")
+            if kept and config in stopped:
+                notes.append(f"finalist {config.describe()}: a re-measurement was stopped at the wall "
+                             f"({stopped[config]}); its {len(figures[config])} other run(s) stand")
+        runs = _pool_runs(study, figures, failed_finalists, notes)
+        unmeasured = [c for c in configs if c != default and c not in failed_finalists and not runs.get(c)]
+        if unmeasured:
+            unreadable: list[str] = []
+            loop = _loop_results(study, unreadable)
+            notes.extend(n for n in unreadable if n not in notes)
+            for config in (c for c in unmeasured if loop.get(c)):
+                # The wall came before its turn, or stopped its one run: its trial's figure stands, as the
+                # default's does (``outcome``) and as an unmeasured finalist's does for --resume-only.
+                runs[config] = loop[config]
+                notes.append(f"finalist {config.describe()} was not re-measured before the wall; its figure comes "
+                             "from the search's own trial")
         return self.outcome(runs, failed_finalists, "interleaved re-measurement")
+
+    def _remeasure(self, config: LoaderConfig, runs: list[Measurement], failures: list[str],
+                   stopped: dict[LoaderConfig, str], cost: dict[str, float], typical: float) -> tuple[bool, str | None]:
+        """One turn of ``config`` in the finalists' stage: a run, and one retry at once when it fails. Appends the
+        run to ``runs``, a failure's reason to ``failures``, a run the wall stopped to ``stopped``; returns whether
+        a run was measured, and why the finalist is out of the choice (None: it is not). ``cost``: the longest
+        run each configuration took (this turn's is added), which a run must have left before the wall.
+
+        Not retried: a run still going at the plan's own limit (a hung read), whose retry could take that long
+        again from the other finalists."""
+        plan, key = self.plan, config.key()
+        turn: list[str] = []
+        for _attempt in range(2):
+            left = self.clock.left() - STOP_S
+            if left < min(cost.get(key, typical), plan.batch_timeout):
+                break  # it would not end before the wall: its figures so far (or the loop's) stand
+            timeout, spent = min(plan.batch_timeout, left), self.clock.elapsed()
+            try:
+                runs.append(self.runner.run(config, plan, timeout=timeout))
+            except TrialTimedOut as exc:
+                if timeout < plan.batch_timeout:  # the wall's limit, not the plan's: no evidence about the candidate
+                    stopped[config] = self.timed_out_by_budget(str(exc), timeout, spent)
+                    break
+                failures.append(str(exc))
+                return False, _failure_text([*turn, str(exc)])
+            except TrialFailed as exc:
+                turn.append(self.timed_out_by_budget(str(exc), timeout, spent))
+            except Exception as exc:  # noqa: BLE001 - a broken run never stops the search (a dead forkserver)
+                turn.append(f"{type(exc).__name__}: {exc}")
+            else:
+                cost[key] = max(cost.get(key, 0.0), self.clock.elapsed() - spent)
+                failures.extend(turn)
+                return True, None
+        failures.extend(turn)
+        # its retry failed too, or it failed with no run to its name (the wall too near for the retry)
+        return False, _failure_text(turn) if len(turn) > 1 or (turn and not runs) else None
 
     def from_study(self) -> Outcome:
         """The recipe from what the study holds, without measuring anything: every search's finalist runs, and
@@ -506,6 +569,26 @@ def _settled(figures: dict[LoaderConfig, list[Measurement]], default: LoaderConf
 
     r = ratio(medians[default], len(measured[default]), medians[leader], len(measured[leader]), spread)
     return r.half_width <= NARROW
+
+
+def _failure_text(reasons: list[str]) -> str:
+    """A finalist's failed turn in one phrase: its run's reason, and its retry's."""
+    if len(reasons) == 1:
+        return reasons[0]
+    first, retry = reasons[0], reasons[1]
+    return f"{first}, and again when retried" if first == retry else f"{first}; retried: {retry}"
+
+
+def _measured_seconds(study: optuna.Study) -> dict[str, float]:
+    """The longest trial each configuration's measurement took, by configuration key: a repeat was told an
+    earlier figure and measured nothing (its 0.2 s stood for a 2.1 s trial and let a finalist's run start with
+    a tenth of the time it needs)."""
+    out: dict[str, float] = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        key = t.user_attrs.get("config_key")
+        if t.duration and key and not t.user_attrs.get("repeat"):
+            out[key] = max(out.get(key, 0.0), t.duration.total_seconds())
+    return out
 
 
 def _loop_results(study: optuna.Study, unreadable: list[str] | None = None) -> dict[LoaderConfig, list[Measurement]]:
