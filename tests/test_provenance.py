@@ -529,10 +529,9 @@ def test_a_build_that_finds_a_draw_stores_nothing_and_the_factory_reads_the_sour
                                                                                       monkeypatch):
     """Randomness the up-front check did not see (here: it is skipped) is found by the build itself."""
     import autotune
-    from autotune.dataset._determinism import Check
     from autotune.loader import _source
 
-    monkeypatch.setattr(_source, "begin_check", lambda dataset: Check(""))
+    monkeypatch.setattr(_source, "check_deterministic", lambda dataset: (True, ""))
     monkeypatch.setattr(_source, "build_workers", lambda: workers)
     data, root = _data(tmp_path), tmp_path / "caches"
     recipe = _write_recipe(tmp_path, backend)

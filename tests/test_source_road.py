@@ -71,10 +71,7 @@ def test_the_trial_and_the_factory_take_the_same_steps_to_the_same_kind_of_sourc
     factory_steps, made = _steps(factory, dataset, config, transform)
     trial_steps, measured = _steps(trial, dataset, config, transform)
     assert trial_steps == factory_steps
-    if config.cache_fill == "first_epoch" and config.cache == "memory" and config.cache_share is None:
-        assert factory_steps == ["check", "cache", "check"]  # set up while the check's worker reads
-    else:
-        assert factory_steps == (["check", "cache"] if config.cache == "memory" else ["check", "key", "cache"])
+    assert factory_steps == (["check", "cache"] if config.cache == "memory" else ["check", "key", "cache"])
     assert type(measured.cache) is type(made.cache)
     assert type(measured.dataset) is type(made.dataset)
     assert measured.collate_fn is made.collate_fn

@@ -8,7 +8,7 @@ then batch gathers from memory).  See docs/architecture.md.
 """
 
 from autotune.dataset._datamodule import Resolved, is_datamodule, resolve_datamodule, resolving
-from autotune.dataset._determinism import begin_check, check_deterministic
+from autotune.dataset._determinism import check_deterministic
 from autotune.dataset._fingerprint import dataset_fingerprint
 from autotune.dataset._floor import (
     Floor,
@@ -52,7 +52,6 @@ __all__ = [
     "UserSpec",
     "bare_decode",
     "check_dataset",
-    "begin_check",
     "check_deterministic",
     "check_sharding",
     "dataset_fingerprint",

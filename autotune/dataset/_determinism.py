@@ -11,11 +11,6 @@ Up front, on a few indices (the first, the last, seeded random ones), a sample i
   ``set_epoch(1)`` (augmentation seeded by the epoch). The worker reads on its own copy (a fork), so
   the user's dataset is never moved to another epoch.
 
-The worker is forked first and reads while the main process does (``begin_check``): its start-up is most
-of the check's cost, and it runs beside the main process's reads (and a fill's schema head, read before
-the verdict is asked for) instead of after them. It reads the dataset as it was before the main process
-read it, which is what each of the main process's first reads saw too.
-
 Builds and fills watch every read for draws as well (``caches._draws``), and a build compares its
 reads of the key's probed indices with the key's: randomness at a few indices is caught there.
 """
@@ -39,7 +34,7 @@ from autotune.caches._codec import samples_equal
 from autotune.caches._draws import WatchedReads, message
 from autotune.caches._key import _datasets
 from autotune.dataset._userfile import read_sample
-from autotune.machine import die_with_parent, make_expendable
+from autotune.machine import make_expendable
 
 log = logging.getLogger("autotune")
 _EPOCHS = (0, 1)
@@ -80,60 +75,39 @@ class _WorkerReads(torch.utils.data.Dataset[Any]):
         return pickle.dumps(sample, protocol=5), drawn
 
 
-class _WorkerCheck:
-    """The check's reads in one forked DataLoader worker, started before the main process reads, so the
-    worker's start (a fork and a torch worker's set-up, most of the check's cost) and its reads run while
-    the main process reads, and, for a memory cache the first epoch fills, while it reads the schema head
-    (``loader.prepare_source``). Its whole plan is handed to it at once (``prefetch_factor``), so it never
-    waits to be asked for the next read; it dies with its parent, so a read that hangs in the main process
-    (ended by ``_watchdog``) leaves no worker behind."""
-
-    def __init__(self, dataset: Any, indices: list[int]):
-        self.epochs = bool(_with_epochs(dataset))
-        plan: list[tuple[int | None, int]] = [(None, i) for i in indices]
-        if self.epochs:
-            plan += [(e, i) for e in _EPOCHS for i in indices]
-        self.plan = plan
-        self._pid = multiprocessing.get_context("fork").Value("i", 0)
-        loader = torch.utils.data.DataLoader(_WorkerReads(dataset, plan), batch_size=None, num_workers=1,
-                                             multiprocessing_context="fork", prefetch_factor=len(plan),
-                                             worker_init_fn=functools.partial(_tell_pid, self._pid))
-        self._it: Any = iter(loader)
-
-    def verdict(self, indices: list[int], main: list[Any], timeout: float) -> str:
-        """Why the worker's reads show the samples are not one sample each, or ""; ``timeout``: seconds it
-        may take for one read (counted from now: its reads began before the main process's)."""
-        it = self._it
-        it._timeout = timeout  # the DataLoader's own per-read wait, set once the main process's slowest is known
-        try:
-            got = [(pickle.loads(wire), drawn) for wire, drawn in it]
-        except Exception as exc:  # noqa: BLE001 - the dataset cannot be read in a forked worker (in time)
-            self.stop()
-            log.info("autotune: dataset[i] could not be read in a forked worker (%s: %s); only the main "
-                     "process's reads were compared", type(exc).__name__, str(exc).strip().splitlines()[-1:])
-            return ""
-        self._it = None  # read to the end: the DataLoader has stopped its worker
-        for (epoch, i), (_sample, drawn) in zip(self.plan, got):
-            if drawn is not None:
-                where = "in a DataLoader worker" if epoch is None else f"after set_epoch({epoch})"
-                return message(i, f"drew from {drawn} {where}")
-        n = len(indices)
-        for i, ours, (theirs, _) in zip(indices, main, got[:n]):
-            if not samples_equal(ours, theirs):
-                return message(i, "differs between the main process and a DataLoader worker (it depends on "
-                                  "get_worker_info() or the worker's seed)")
-        if self.epochs:
-            for i, (a, _), (b, _) in zip(indices, got[n:2 * n], got[2 * n:]):
-                if not samples_equal(a, b):
-                    return message(i, "changes with set_epoch() (augmentation seeded by the epoch)")
+def _in_a_worker(dataset: Any, indices: list[int], main: list[Any], timeout: float) -> str:
+    """Why the reads in a forked worker show the samples are not one sample each, or ""."""
+    epochs = bool(_with_epochs(dataset))
+    plan: list[tuple[int | None, int]] = [(None, i) for i in indices]
+    if epochs:
+        plan += [(e, i) for e in _EPOCHS for i in indices]
+    pid = multiprocessing.get_context("fork").Value("i", 0)
+    loader = torch.utils.data.DataLoader(_WorkerReads(dataset, plan), batch_size=None, num_workers=1,
+                                         multiprocessing_context="fork", timeout=timeout,
+                                         worker_init_fn=functools.partial(_tell_pid, pid))
+    it = iter(loader)
+    try:
+        got = [(pickle.loads(wire), drawn) for wire, drawn in it]
+    except Exception as exc:  # noqa: BLE001 - the dataset cannot be read in a forked worker (in time)
+        _kill_worker(it, pid.value)
+        del it
+        log.info("autotune: dataset[i] could not be read in a forked worker (%s: %s); only the main "
+                 "process's reads were compared", type(exc).__name__, str(exc).strip().splitlines()[-1:])
         return ""
-
-    def stop(self) -> None:
-        """End the worker now, whatever it is doing (once; nothing after ``verdict`` read it to the end)."""
-        if self._it is not None:  # a worker not yet through its init has told no pid: its process's then
-            started = [w.pid for w in getattr(self._it, "_workers", ()) if w.pid]
-            _kill_worker(self._it, self._pid.value or (started[0] if started else 0))
-            self._it = None
+    for (epoch, i), (_sample, drawn) in zip(plan, got):
+        if drawn is not None:
+            where = "in a DataLoader worker" if epoch is None else f"after set_epoch({epoch})"
+            return message(i, f"drew from {drawn} {where}")
+    n = len(indices)
+    for i, ours, (theirs, _) in zip(indices, main, got[:n]):
+        if not samples_equal(ours, theirs):
+            return message(i, "differs between the main process and a DataLoader worker (it depends on "
+                              "get_worker_info() or the worker's seed)")
+    if epochs:
+        for i, (a, _), (b, _) in zip(indices, got[n:2 * n], got[2 * n:]):
+            if not samples_equal(a, b):
+                return message(i, "changes with set_epoch() (augmentation seeded by the epoch)")
+    return ""
 
 
 def _kill_worker(it: Any, pid: int) -> None:
@@ -149,77 +123,33 @@ def _kill_worker(it: Any, pid: int) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-class Check:
-    """A determinism check begun (``begin_check``): the main process's reads are done and ``problem`` says
-    what they found ("" so far), the forked worker's reads may still run. ``result()`` waits for them;
-    ``close()`` (or leaving a ``with`` block) ends the worker where ``result()`` was not called."""
-
-    def __init__(self, problem: str, worker: _WorkerCheck | None = None, indices: list[int] | None = None,
-                 main: list[Any] | None = None, timeout: float = _WORKER_WAIT):
-        self.problem, self._worker = problem, worker
-        self._indices, self._main, self._timeout = indices or [], main or [], timeout
-
-    def result(self) -> tuple[bool, str]:
-        """(True, "") or (False, one-line reason that names ``transform=``), as ``check_deterministic``."""
-        if self._worker is not None:
-            worker, self._worker = self._worker, None
-            self.problem = worker.verdict(self._indices, self._main, self._timeout)
-            self._main = []
-        return (not self.problem), self.problem
-
-    def close(self) -> None:
-        if self._worker is not None:
-            self._worker.stop()
-            self._worker = None
-
-    def __enter__(self) -> Check:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def begin_check(dataset: Any, probe: int = 3, seed: int = 0, *, timeout: float | None = None) -> Check:
-    """Start the check of the module docstring on ``probe`` indices: the worker is forked first, then the
-    main process reads (each index twice); returns once those are done, with the worker's reads maybe still
-    running. ``timeout``: seconds the worker may take for one read (default: ten times the main process's
-    slowest, at least ``_WORKER_WAIT``); past it the worker's comparison is skipped, said in the log (a
-    dataset that hangs only in workers is the trial's and the loader's to report)."""
-    indices = _indices(len(dataset), probe, seed)
-    worker = _WorkerCheck(dataset, indices) if indices else None
-    try:
-        noting = _Noting(WatchedReads(dataset))
-        first = []
-        slowest = 0.0
-        for i in indices:
-            start = time.perf_counter()
-            sample = read_sample(noting, i)  # under the search's watchdog, a failure in one line
-            slowest = max(slowest, time.perf_counter() - start)
-            if noting.drawn is not None:
-                return Check(message(i, f"drew from {noting.drawn}"))
-            first.append(sample)
-        for i, before in zip(indices, first):
-            if not samples_equal(before, read_sample(dataset, i)):
-                return Check(message(i, "returned different samples on two reads"))
-        wait = timeout if timeout is not None else max(_WORKER_WAIT, 10 * slowest)
-        check, worker = Check("", worker, indices, first, wait), None
-        return check
-    finally:
-        if worker is not None:  # the main process's reads settled it (or raised): the worker's are not needed
-            worker.stop()
-
-
 def check_deterministic(dataset: Any, probe: int = 3, seed: int = 0, *, timeout: float | None = None
                         ) -> tuple[bool, str]:
-    """Read ``probe`` indices as the module docstring says, the worker's reads beside the main process's
-    (``begin_check``); (True, "") or (False, one-line reason that names ``transform=``)."""
-    with begin_check(dataset, probe, seed, timeout=timeout) as check:
-        return check.result()
+    """Read ``probe`` indices as the module docstring says; (True, "") or (False, one-line reason that
+    names ``transform=``). ``timeout``: seconds the worker may take for one read (default: ten times the
+    main process's slowest, at least ``_WORKER_WAIT``); past it the worker's comparison is skipped, said
+    in the log (a dataset that hangs only in workers is the trial's and the loader's to report)."""
+    indices = _indices(len(dataset), probe, seed)
+    noting = _Noting(WatchedReads(dataset))
+    first = []
+    slowest = 0.0
+    for i in indices:
+        start = time.perf_counter()
+        sample = read_sample(noting, i)  # under the search's watchdog, a failure in one line
+        slowest = max(slowest, time.perf_counter() - start)
+        if noting.drawn is not None:
+            return False, message(i, f"drew from {noting.drawn}")
+        first.append(sample)
+    for i, before in zip(indices, first):
+        if not samples_equal(before, read_sample(dataset, i)):
+            return False, message(i, "returned different samples on two reads")
+    wait = timeout if timeout is not None else max(_WORKER_WAIT, 10 * slowest)
+    problem = _in_a_worker(dataset, indices, first, wait) if indices else ""
+    return (not problem), problem
 
 
 def _tell_pid(pid: Any, worker_id: int) -> None:
     make_expendable()  # the check's own worker: an OOM in it must not end the search or the training (machine._oom)
-    die_with_parent()  # forked before the main process's reads: one that hangs there must not leave it behind
     pid.value = os.getpid()
 
 
@@ -235,4 +165,4 @@ class _Noting:
         return sample
 
 
-__all__ = ["Check", "begin_check", "check_deterministic"]
+__all__ = ["check_deterministic"]

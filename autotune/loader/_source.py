@@ -39,7 +39,7 @@ from autotune.caches import (
     open_or_fill,
 )
 from autotune.config import LoaderConfig, partial_count
-from autotune.dataset import begin_check
+from autotune.dataset import check_deterministic
 from autotune.errors import AutotuneError
 from autotune.loader._dataloader import Transformed, with_transform
 from autotune.machine import build_workers
@@ -85,9 +85,7 @@ def reading(source: Any, transform: Callable[..., Any] | None, collate_fn: Colla
 
 Timer = Callable[[str, float], None]
 """Told each step's seconds as the road runs it: ``"check"`` (is ``dataset[i]`` deterministic),
-``"key"`` (a disk cache's content key) and ``"cache"`` (opening, building or setting up the fill). A
-memory cache the first epoch fills is set up while the check's worker reads: ``"check"`` is then told
-twice, the main process's reads before ``"cache"`` and the wait for the worker's verdict after it."""
+``"key"`` (a disk cache's content key) and ``"cache"`` (opening, building or setting up the fill)."""
 
 
 class CacheSite(Protocol):
@@ -127,11 +125,6 @@ class Prepared:
     why: str = ""  # what showed it random (one line naming the index and ``transform``)
 
 
-def _tell(timer: Timer | None, step: str, started: float) -> None:
-    if timer is not None:
-        timer(step, time.perf_counter() - started)
-
-
 def _timed(timer: Timer | None, step: str, fn: Callable[[], _T]) -> _T:
     start = time.perf_counter()
     try:
@@ -151,46 +144,17 @@ def prepare_source(dataset: Any, config: LoaderConfig, site: CacheSite, *, trans
         return Prepared(with_transform(dataset, transform, stream=True), collate_fn)
     if config.cache is None:
         return Prepared(_uncached(dataset, transform, site), collate_fn)
-    early: tuple[Any, str] | None = None
-    started = time.perf_counter()
-    try:
-        with begin_check(dataset) as check:  # the check's worker never outlives this block
-            if not check.problem and _set_up_beside_the_check(config):
-                _tell(timer, "check", started)  # the main process's reads; the worker's verdict is told after
-                try:
-                    early = _cache_or_random(dataset, config, site, timer)
-                finally:
-                    started = time.perf_counter()
-            deterministic, why = check.result()
-    finally:
-        _tell(timer, "check", started)
-    if not deterministic:  # a fill set up beside the check is dropped: it held only its head, and no worker
+    deterministic, why = _timed(timer, "check", lambda: check_deterministic(dataset))
+    if not deterministic:
         return Prepared(_uncached(dataset, transform, site), collate_fn, random=True, why=why)
-    cache, random = early if early is not None else _cache_or_random(dataset, config, site, timer)
-    if random:  # found by the build, which stored nothing: the source, never a traceback
-        return Prepared(_uncached(dataset, transform, site), collate_fn, random=True, why=random)
+    try:
+        cache = _cache(dataset, config, site, timer)
+    except RandomSamples as exc:  # found by the build, which stored nothing: the source, never a traceback
+        return Prepared(_uncached(dataset, transform, site), collate_fn, random=True, why=last_line(exc))
     if cache is None:  # it could not be written (a full disk): the source, as without a cache
         return Prepared(_uncached(dataset, transform, site), collate_fn)
     data, collate = reading(cache, transform, collate_fn)
     return Prepared(site.shard(data), collate, cache)
-
-
-def _set_up_beside_the_check(config: LoaderConfig) -> bool:
-    """Whether the cache step only sets a cache up: a memory cache the first epoch fills reads its schema
-    head and makes its empty columns, in this process, with no worker. That runs while the determinism
-    check's worker reads; a build, a partial cache or a disk fill (workers, files) waits for the verdict."""
-    backend = config.cache
-    return (backend is not None and config.cache_fill == "first_epoch" and config.cache_share is None
-            and get_backend(backend).in_memory)
-
-
-def _cache_or_random(dataset: Any, config: LoaderConfig, site: CacheSite, timer: Timer | None) -> tuple[Any, str]:
-    """The cache (None: it could not be written) and "", or None and why the build found ``dataset[i]``
-    random (``RandomSamples``, which a build raises having stored nothing)."""
-    try:
-        return _cache(dataset, config, site, timer), ""
-    except RandomSamples as exc:
-        return None, last_line(exc)
 
 
 def _cache(dataset: Any, config: LoaderConfig, site: CacheSite, timer: Timer | None) -> Any:

@@ -1,7 +1,6 @@
 """The machine a recipe is tuned on: hardware facts and fingerprint (``_hardware``), the CPUs this
 process may use (``_cpus``), memory, the job's limit and its budget (``_memory``, ``_memory_limit``,
 ``_memory_file``, ``_first_touch``, ``_populate``), whom the kernel's OOM killer ends first (``_oom``),
-a helper process that dies with its parent (``_orphan``),
 /dev/shm (``_shm``), and page-cache eviction for cold reads (``_evict``).  See docs/architecture.md.
 """
 
@@ -27,7 +26,6 @@ from autotune.machine._memory import (
 from autotune.machine._memory_file import FileColumn
 from autotune.machine._memory_limit import BUDGET_SHARE, JobMemory, job_memory
 from autotune.machine._oom import make_expendable, oom_kills, oom_score_adj
-from autotune.machine._orphan import die_with_parent
 from autotune.machine._populate import populate
 from autotune.machine._shm import batch_bytes, shm_free, shm_rule
 
@@ -40,7 +38,6 @@ __all__ = [
     "batch_bytes",
     "build_workers",
     "default_budget",
-    "die_with_parent",
     "evict",
     "files_under",
     "job_memory",
