@@ -170,10 +170,10 @@ def search(dataset: Any, *, batch_size: int = DEFAULT_BATCH_SIZE, epochs: int = 
     """Tune a DataLoader for ``dataset`` on this machine and return the Recipe (also written to ``output``).
 
     ``options`` are `autotune search`'s: budget ("2m" or seconds), workdir, storage, seed, caches,
-    max_memory, max_workers, ranks_per_node, data_dir, progress, max_trials, resume_only; their defaults are
-    SearchOptions' (autotune/tuner/_options.py). ``dataset`` is map-style or a stream (an IterableDataset);
-    a stream is measured over a bounded number of batches, and its epoch extrapolated from them when its
-    length is known (``__len__``, or ``samples_per_epoch``). The multiprocessing start method is the
+    max_memory, max_workers, ranks_per_node, data_dir, progress, max_trials, max_rounds, resume_only; their
+    defaults are SearchOptions' (autotune/tuner/_options.py). ``dataset`` is map-style or a stream (an
+    IterableDataset); a stream is measured over a bounded number of batches, and its epoch extrapolated from
+    them when its length is known (``__len__``, or ``samples_per_epoch``). The multiprocessing start method is the
     caller's again when it returns."""
     check_dataset(dataset, "the dataset")
     spec = UserSpec(dataset=dataset, source=f"<python object: {type(dataset).__name__}>", batch_size=batch_size,

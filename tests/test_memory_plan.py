@@ -43,6 +43,28 @@ def test_the_need_of_each_kind_of_trial():
     assert replace(MEMORY, ranks=2).need(DEFAULT, cache_bytes=50 * MIB) == 180 * MIB  # every rank's own
 
 
+def test_a_cache_built_before_the_first_epoch_counts_its_builds_workers_not_the_loaders():
+    """The build's forked workers hold their heap and their samples in flight; the loader's workers start after
+    it; the peak is the larger phase. 1 MiB samples, 2 build workers: a disk build holds 20 MiB (heap, dataset)
+    + 32 MiB (a received chunk of 16 samples and their unpickled copies) + 2 x (16 + 48) MiB (three chunks in
+    flight each) = 180 MiB; a memory build 20 + 16 (the schema's head) + 2 x (16 + 1) = 70 MiB, beside its
+    cache."""
+    built = replace(MEMORY, sample_bytes=MIB, build_workers=2)
+    assert built.need(LoaderConfig(cache="hdf5")) == 180 * MIB
+    assert built.need(LoaderConfig(cache="lmdb", num_workers=4, prefetch_factor=1)) == 180 * MIB  # 40 + 4 x 26
+    assert built.need(LoaderConfig(cache="pickle", num_workers=6, prefetch_factor=1)) == 196 * MIB  # training's
+    assert built.need(LoaderConfig(cache="memory"), cache_bytes=50 * MIB) == 70 * MIB + 50 * MIB
+    # a cache the first epoch fills has no build: the loader's workers are the trial's
+    assert built.need(LoaderConfig(cache="hdf5", cache_fill="first_epoch")) == 40 * MIB
+    assert built.need(LoaderConfig()) == 40 * MIB
+    # on one CPU the trial builds alone, a chunk at a time
+    assert replace(built, build_workers=0).need(LoaderConfig(cache="hdf5")) == 40 * MIB  # 20 + 16 < training's
+    assert replace(built, budget=180 * MIB).over_budget(LoaderConfig(cache="hdf5")) is None
+    assert replace(built, budget=180 * MIB - 1).over_budget(LoaderConfig(cache="hdf5")) == (
+        "not tried: it would hold ~180.0 MiB, over the memory budget of 180.0 MiB (the cgroup memory limit of "
+        "700.0 MiB (test))")
+
+
 def test_fit_space_cuts_workers_and_start_methods_with_a_note_each():
     fitted, notes = fit_space(SPACE, MEMORY)
     assert fitted == replace(SPACE, max_workers=6, contexts=("fork", "spawn"))  # 40 + 6 x 26; 40 + 130

@@ -434,6 +434,35 @@ def test_the_finalists_are_measured_until_the_interval_is_narrow(tmp_path):
     assert len(steady.calls) - 6 < len(noisy.calls) - 6
 
 
+class FinalistsCounted(NoisyRunner):
+    """NoisyRunner (never settled), counting the finalists' runs: the runs asked without a pruning hook."""
+
+    def __init__(self):
+        super().__init__()
+        self.finalist_runs: list[LoaderConfig] = []
+
+    def run(self, config, plan, *, timeout, should_prune=None, **kw):
+        if should_prune is None:
+            self.finalist_runs.append(config)
+        return super().run(config, plan, timeout=timeout, **kw)
+
+
+@pytest.mark.parametrize("max_rounds", [None, 2, 3])
+def test_max_rounds_bounds_the_finalists_interleaved_rounds(tmp_path, max_rounds):
+    """A search that never settles re-measures its finalists in exactly ``max_rounds`` rounds (8 by default),
+    each configuration once a round; fewer than two rounds leave no interval, so 1 is refused."""
+    runner = FinalistsCounted()
+    kw = {} if max_rounds is None else {"max_rounds": max_rounds}
+    search(_spec(), _opts(tmp_path, max_trials=6, **kw), setup=_setup(), runner=runner)
+    configs = set(runner.finalist_runs)
+    assert DEFAULT in configs and len(configs) >= 2
+    assert len(runner.finalist_runs) == (max_rounds or 8) * len(configs)
+    for config in configs:
+        assert runner.finalist_runs.count(config) == (max_rounds or 8)
+    with pytest.raises(AutotuneError, match="--max-rounds must be an integer of at least 2, but got 1"):
+        _opts(tmp_path, max_rounds=1)
+
+
 def test_the_recipe_shows_the_interval_and_never_one_point_zero_x():
     from autotune.recipe._measured import Interval, Measured, RunFigures
 

@@ -51,6 +51,8 @@ def folder(tmp_path, monkeypatch):
     (["--max-memory", "nan"], "Memory size must be a finite size"),
     (["--max-memory", "0.5"], "under 1 MiB"),
     (["--max-trials", "0"], "--max-trials must be an integer of at least 1, but got 0"),
+    (["--max-rounds", "1"], "--max-rounds must be an integer of at least 2, but got 1"),
+    (["--trial-seconds", "0"], "--trial-seconds must be a duration such as 1s or 5s, but got '0'"),
     (["--output", "corrupt.json"], "corrupt.json is corrupt: not valid JSON"),
     (["--output", "future.json"], "format version 99, newer than this autotune reads"),
     (["--output", "a_folder.json"], "is a folder"),

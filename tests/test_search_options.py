@@ -27,7 +27,8 @@ def _search_parser():
 def test_the_cli_and_the_api_offer_the_same_options_with_one_set_of_defaults():
     """On 9eac6c3 autotune.search() lacked max_workers, ranks_per_node and data_dir."""
     names = {f.name for f in user_fields()}
-    assert {"budget", "max_workers", "ranks_per_node", "data_dir", "storage", "caches", "max_trials"} <= names
+    assert {"budget", "max_workers", "ranks_per_node", "data_dir", "storage", "caches", "max_trials",
+            "max_rounds", "trial_seconds"} <= names
     flags = {a.dest for a in _search_parser()._actions}
     assert names <= flags
     assert set(typing.get_type_hints(SearchKeywords)) == names
@@ -53,6 +54,13 @@ def test_the_cli_and_the_api_offer_the_same_options_with_one_set_of_defaults():
     ({"ranks_per_node": 0}, "--ranks-per-node must be an integer of at least 1"),
     ({"max_trials": 0}, "--max-trials must be an integer of at least 1"),
     ({"max_trials": 2.5}, "--max-trials must be an integer of at least 1"),
+    ({"max_rounds": 1}, "--max-rounds must be an integer of at least 2"),
+    ({"max_rounds": 2.5}, "--max-rounds must be an integer of at least 2"),
+    ({"max_rounds": None}, "--max-rounds must be an integer of at least 2"),
+    ({"trial_seconds": 0}, "--trial-seconds must be a duration such as 1s or 5s, but got 0"),
+    ({"trial_seconds": "-1s"}, "--trial-seconds must be a duration such as 1s or 5s, but got '-1s'"),
+    ({"trial_seconds": "inf"}, "--trial-seconds must be a duration such as 1s or 5s, but got 'inf'"),
+    ({"trial_seconds": "soon"}, "--trial-seconds must be a duration such as 1s or 5s, but got 'soon'"),
     ({"storage": "sqlite:///:memory:"}, "in-memory SQLite database"),
     ({"storage": "sqlite://"}, "in-memory SQLite database"),
     ({"storage": "sqlite:///file::memory:?cache=shared"}, "in-memory SQLite database"),
@@ -71,6 +79,8 @@ def test_max_trials_is_a_flag_and_a_keyword_read_as_one_integer():
     assert options_from(_search_parser().parse_args(["x.py", "--max-trials", "3"])).max_trials == 3
     assert SearchOptions().max_trials is None  # the budget alone ends a search by default
     assert "--max-trials" in _search_parser().format_help()
+    assert options_from(_search_parser().parse_args(["x.py", "--max-rounds", "3"])).max_rounds == 3
+    assert SearchOptions().max_rounds == 8  # the finalists' rounds stop at 8 by default, or sooner once settled
 
 
 def test_text_and_python_values_read_the_same():

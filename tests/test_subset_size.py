@@ -63,3 +63,23 @@ def test_no_step_or_a_failing_one_counts_as_free():
     assert time_step(None, batch) == 0.0
     assert time_step(FailingStep(), batch) == 0.0
     assert probe_dataset(UserSpec(dataset=Rows(), source="rows.py")).step_seconds == 0.0
+
+
+def test_trial_seconds_is_the_budgets_share_unless_given(tmp_path):
+    """--trial-seconds sizes the default's trial (and so the subset) whatever the budget; without it a trial is
+    the budget / 50, 1 to 10 s. A generous wall with short trials is what the tests' searches need."""
+    from autotune.cli._main import build_parser
+    from autotune.cli._search import options_from
+    from autotune.tuner._options import SearchOptions
+    from autotune.tuner._preparation import prepare
+
+    assert [SearchOptions(budget=b).default_trial_seconds for b in (20, 300, 3600)] == [1.0, 6.0, 10.0]
+    assert SearchOptions(budget=300, trial_seconds="2s").default_trial_seconds == 2.0
+    assert SearchOptions(budget=20, trial_seconds=0.5).default_trial_seconds == 0.5
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["search"]
+    assert options_from(sub.parse_args(["x.py", "--trial-seconds", "1m"])).trial_seconds == 60.0
+    setup = prepare(UserSpec(dataset=Rows(), source="rows.py", batch_size=4),
+                    SearchOptions(budget=300, trial_seconds="2s", workdir=tmp_path / "w", progress=False,
+                                  allocators=("glibc",)))
+    assert setup.trial_seconds == 2.0
+    assert setup.plan.batch_timeout == 60.0  # 20 trials' worth, at least a minute: not the budget's 6 s trial's

@@ -5,7 +5,7 @@ class registered in ``_family`` (:func:`register`, :func:`get_backend`, :func:`b
 open-or-build, list and clear in ``_registry``.
 """
 
-from autotune.caches._base import FORMAT_VERSION, Cache, CorruptCache, DiskCache, StaleCache
+from autotune.caches._base import FORMAT_VERSION, READ_CHUNK, Cache, CorruptCache, DiskCache, StaleCache
 from autotune.caches._disk_fill import DiskFill
 from autotune.caches._draws import RandomSamples, last_line
 from autotune.caches._family import backend as get_backend
@@ -34,6 +34,7 @@ from autotune.caches._trust import UntrustedCache, default_root, ensure_root
 
 __all__ = [
     "FORMAT_VERSION",
+    "READ_CHUNK",
     "Cache",
     "CacheKeyWarning",
     "CacheRebuildWarning",

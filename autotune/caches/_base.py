@@ -88,7 +88,7 @@ class _Indexed(torch.utils.data.Dataset[Any]):
         return torch.frombuffer(bytearray(b"".join(wires)), dtype=torch.uint8), [len(w) for w in wires], new
 
 
-_CHUNK = 16
+READ_CHUNK = 16  # samples a build's worker decodes and sends at once (the memory plan counts them in flight)
 
 
 def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progress: bool = True,
@@ -103,7 +103,7 @@ def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progr
     with tqdm(total=len(indices), desc=desc, unit="sample", disable=not progress, leave=False) as bar:
         if workers > 0:
             loader = torch.utils.data.DataLoader(
-                _Indexed(dataset, indices, sources is not None), batch_size=_CHUNK, shuffle=False,
+                _Indexed(dataset, indices, sources is not None), batch_size=READ_CHUNK, shuffle=False,
                 num_workers=workers, collate_fn=_identity,  # the chunk is already one tensor and its lengths
             )
             it = iter(loader)
@@ -121,8 +121,8 @@ def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progr
                 it._shutdown_workers()  # type: ignore[attr-defined]  # private, and the only way: an interrupted build leaves no worker behind
         else:
             reads = WatchedReads(dataset)
-            for start in range(0, len(indices), _CHUNK):  # watched a chunk at a time, as in the workers
-                chunk = indices[start:start + _CHUNK]
+            for start in range(0, len(indices), READ_CHUNK):  # watched a chunk at a time, as in the workers
+                chunk = indices[start:start + READ_CHUNK]
                 with sources.recording() if sources is not None else contextlib.nullcontext():
                     samples = reads.read_all(chunk)
                 for sample in samples:

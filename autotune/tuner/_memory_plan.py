@@ -19,6 +19,11 @@ measured, and what cannot fit is not tried, with a note, instead of being left t
   charged for) and ``heap`` (a forked worker is such a process); a spawned or forkserver worker is a fresh interpreter
   holding its own copy of the dataset, and forkserver workers add their server's interpreter once;
 - a memory cache of the whole run (its share of it), as the recipe will hold it;
+- while a cache is built before the first epoch (``cache_fill="build"``), the build's own processes instead of
+  the loader's workers, which start after it: ``build_workers`` forked workers, each ``heap`` and the samples it
+  has in flight (a disk build's worker decodes ``caches.READ_CHUNK`` samples at a time and the loader prefetches
+  two such chunks of it, while the main process unpickles one and writes one; a memory build's worker writes
+  each sample straight into the cache's columns); the trial's peak is the larger of the two phases;
 - all of it once per rank.
 
 ``fit_space`` narrows the space to what fits (workers, start methods) with a note for
@@ -31,7 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autotune._units import format_bytes
-from autotune.config import DEFAULT, LoaderConfig
+from autotune.caches import READ_CHUNK
+from autotune.config import DEFAULT, LoaderConfig, cache_backend
 from autotune.errors import AutotuneError
 from autotune.machine import BUDGET_SHARE
 from autotune.process import get_allocator
@@ -59,6 +65,8 @@ class TrialMemory:
     ranks: int = 1
     available: int = 0  # what the job had left when the budget was read, for the messages
     limit_text: str = "the host's memory"  # JobMemory.describe_limit()
+    sample_bytes: int = 0  # one decoded sample (what a cache stores), for a build's samples in flight
+    build_workers: int = 0  # the processes a cache built before the first epoch decodes on (Plan.build_workers)
 
     def worker(self, context: str | None, prefetch: int | None) -> int:
         """One DataLoader worker's own memory."""
@@ -67,15 +75,34 @@ class TrialMemory:
 
     def need(self, config: LoaderConfig, cache_bytes: int = 0) -> int:
         """What a trial of ``config`` adds to the job at its peak, every rank together; ``cache_bytes``: one
-        rank's memory cache of the whole run."""
-        main = self.heap + self.dataset + BATCHES_IN_MAIN * self.batch_bytes
-        if get_allocator(config.process_settings().allocator).preloaded:
-            main += self.interpreter  # spawned, not forked from the server (tuner/_runner.py: _context_for)
+        rank's memory cache of the whole run. The peak is the training's, or the cache's build before it."""
         n = config.num_workers
         workers = n * self.worker(config.multiprocessing_context, config.prefetch_factor)
         if n and config.multiprocessing_context == "forkserver":
             workers += self.interpreter  # the DataLoader's own forkserver
-        return max(1, self.ranks) * (main + workers + cache_bytes)
+        training = self._main(config) + BATCHES_IN_MAIN * self.batch_bytes + workers
+        return max(1, self.ranks) * (max(training, self._build(config)) + cache_bytes)
+
+    def _main(self, config: LoaderConfig) -> int:
+        """The trial's own process, before any batch."""
+        main = self.heap + self.dataset
+        if get_allocator(config.process_settings().allocator).preloaded:
+            main += self.interpreter  # spawned, not forked from the server (tuner/_runner.py: _context_for)
+        return main
+
+    def _build(self, config: LoaderConfig) -> int:
+        """The trial while its cache is built before the first epoch (0 for none, or one the first epoch fills):
+        its own process, the samples the main process holds, and the build's workers (the module docstring)."""
+        if config.cache is None or config.cache_fill != "build":
+            return 0
+        chunk = READ_CHUNK * self.sample_bytes
+        if not self.build_workers:
+            return self._main(config) + chunk  # the trial reads the source a chunk at a time itself
+        if cache_backend(config.cache).in_memory:  # its workers write each sample into the columns
+            held, in_flight = chunk, self.sample_bytes  # the schema's head, then nothing but blobs
+        else:  # the main process holds a received chunk and its unpickled samples
+            held, in_flight = 2 * chunk, 3 * chunk
+        return self._main(config) + held + self.build_workers * (self.heap + in_flight)
 
     def over_budget(self, config: LoaderConfig, cache_bytes: int = 0) -> str | None:
         """Why a trial of ``config`` is not started (one line), or None when it fits the budget."""

@@ -24,6 +24,9 @@ from autotune.recipe._factory_runs import FactoryRun
 FINALISTS_SHARE = 0.25  # of the budget, at least FINALISTS_MIN_S: the finalists' re-measurement after it
 FINALISTS_MIN_S = 5.0
 EXIT_S = 2.0  # of the promise, kept for what follows the search: the recipe's write, the summary, the exit
+TRIAL_SHARE, TRIAL_MIN_S, TRIAL_MAX_S = 1 / 50, 1.0, 10.0  # a default trial's seconds: of the budget, bounded
+MIN_ROUNDS = 2  # interleaved re-measurements of the finalists before their interval can be narrow enough
+MAX_ROUNDS = 8  # the default of --max-rounds
 
 
 def _user(help: str, flag: str | None = None) -> dict[str, Any]:
@@ -53,11 +56,16 @@ class SearchOptions:
     progress: bool = field(default=True, metadata=_user("no progress bar", flag="--no-progress"))
     max_trials: int | None = field(default=None, metadata=_user(
         "end the search once this many trials were asked, with budget left (default: until the budget's end)"))
+    max_rounds: int = field(default=MAX_ROUNDS, metadata=_user(
+        f"re-measure the finalists in at most this many interleaved rounds, at least {MIN_ROUNDS}; they stop "
+        "sooner once the leader's speed-up over the default is known to about +-5%%"))
+    trial_seconds: float | None = field(default=None, metadata=_user(
+        "seconds of loading the plain default's trial measures, e.g. 1s, which sizes the measured subset "
+        f"(default: the budget / 50, {TRIAL_MIN_S:.0f} to {TRIAL_MAX_S:.0f} s)"))
     resume_only: bool = field(default=False, metadata=_user(
         "measure nothing: write the recipe from what the study (--storage, shared by a fleet) holds"))
     allocators: tuple[str, ...] | None = None
     finalists: int = 3
-    trial_seconds: float | None = None  # target time of one default trial; derived from the budget
     trial_timeout: float | None = None  # a trial still running after this is killed; derived, capped by the budget
     sampler: Any = None  # an Optuna sampler instead of the seeded TPE (the benchmarks compare RandomSampler)
     # what the factory cost, by hardware fingerprint: the recipe file's factory_runs (recipe/_factory_runs.py)
@@ -71,6 +79,15 @@ class SearchOptions:
         if not math.isfinite(budget):
             raise AutotuneError(f"--budget must be a finite duration such as 90s, 2m or 1h, but got {self.budget!r}.")
         self.budget = budget
+        if self.trial_seconds is not None:
+            given = self.trial_seconds
+            try:
+                seconds = parse_duration(given)
+            except AutotuneError:
+                seconds = math.nan
+            if not math.isfinite(seconds):
+                raise AutotuneError(f"--trial-seconds must be a duration such as 1s or 5s, but got {given!r}.")
+            self.trial_seconds = seconds
         self.workdir = Path(self.workdir)
         if self.workdir.exists() and not self.workdir.is_dir():
             raise AutotuneError(f"--workdir {self.workdir} is a file, not a folder; pass a folder (default .autotune).")
@@ -84,15 +101,22 @@ class SearchOptions:
             self.max_memory = parse_size(self.max_memory)
         elif self.max_memory is not None and (isinstance(self.max_memory, bool) or self.max_memory < 1 << 20):
             raise AutotuneError(f"max_memory must be a size in bytes of at least 1 MiB, but got {self.max_memory!r}.")
-        for name, least in (("max_workers", 0), ("ranks_per_node", 1), ("seed", 0), ("max_trials", 1)):
+        for name, least in (("max_workers", 0), ("ranks_per_node", 1), ("seed", 0), ("max_trials", 1),
+                            ("max_rounds", MIN_ROUNDS)):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            if (value is not None or name == "max_rounds") and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < least):
                 raise AutotuneError(f"--{name.replace('_', '-')} must be an integer of at least {least}, "
                                     f"but got {value!r}.")
         if self.storage is not None:
             from autotune.tuner._storage import check_url
 
             check_url(self.storage)
+
+    @property
+    def default_trial_seconds(self) -> float:
+        """What the plain default's trial measures: ``--trial-seconds``, else a share of the budget."""
+        return self.trial_seconds or min(TRIAL_MAX_S, max(TRIAL_MIN_S, self.budget * TRIAL_SHARE))
 
     @property
     def finalists_seconds(self) -> float:
@@ -155,6 +179,8 @@ class SearchKeywords(TypedDict, total=False):
     data_dir: str | None
     progress: bool
     max_trials: int | None
+    max_rounds: int
+    trial_seconds: str | float | None
     resume_only: bool
 
 

@@ -109,7 +109,8 @@ def pickled_size(value: object) -> int:
     return counter.size
 
 
-def trial_memory(spec: UserSpec, batch_bytes: int, ranks: int, max_memory: int | None) -> TrialMemory:
+def trial_memory(spec: UserSpec, batch_bytes: int, ranks: int, max_memory: int | None, *, sample_bytes: float = 0,
+                 build_workers: int = 0) -> TrialMemory:
     """The figures a trial's memory is planned from (``_memory_plan``), measured here (``fork_charges``, which
     waits until the trials' forkserver holds its imports): the server's own memory (a fresh interpreter), what
     a process forked from it adds once it has run (the plan's heap of a trial and of each forked worker), the
@@ -122,7 +123,8 @@ def trial_memory(spec: UserSpec, batch_bytes: int, ranks: int, max_memory: int |
     memory = job_memory()
     return TrialMemory(budget=max_memory or memory.budget(), interpreter=charges.interpreter,
                        heap=charges.forked, dataset=pickled_size(spec.dataset), batch_bytes=batch_bytes,
-                       ranks=ranks, available=memory.available, limit_text=memory.describe_limit())
+                       ranks=ranks, available=memory.available, limit_text=memory.describe_limit(),
+                       sample_bytes=int(sample_bytes), build_workers=build_workers)
 
 
 def _prepare_map_style(spec: UserSpec, opts: SearchOptions) -> Setup:
@@ -130,7 +132,9 @@ def _prepare_map_style(spec: UserSpec, opts: SearchOptions) -> Setup:
     probe = probe_dataset(spec, seed=opts.seed)
     stateful = epoch_state_warning(spec.dataset)
     ranks = max(1, opts.ranks_per_node)
-    memory = trial_memory(spec, probe.batch_bytes, ranks, opts.max_memory)
+    builders = build_workers(usable_cpus(1))  # as the factory builds: with the node's CPUs, in any rank
+    memory = trial_memory(spec, probe.batch_bytes, ranks, opts.max_memory, sample_bytes=probe.sample_bytes,
+                          build_workers=builders)
     limits = Limits(
         usable_cpus=usable_cpus(ranks),
         memory_budget=memory.budget,  # the node's: its N ranks' trials are checked together
@@ -150,7 +154,7 @@ def _prepare_map_style(spec: UserSpec, opts: SearchOptions) -> Setup:
     if not opts.max_memory:
         _note_limit(limits, available=memory.available)
     space = build_space(probe, limits)
-    trial_seconds = opts.trial_seconds or min(10.0, max(1.0, opts.budget / 50))
+    trial_seconds = opts.default_trial_seconds
     count = subset_size(probe, spec.batch_size, trial_seconds, probe.step_seconds)
     indices = list(range(probe.length)) if count >= probe.length else probe_indices(probe.length, count, opts.seed)
     sources = source_files(spec.dataset, indices, probe.length, opts.data_dir)
@@ -161,7 +165,7 @@ def _prepare_map_style(spec: UserSpec, opts: SearchOptions) -> Setup:
         seed=opts.seed,
         batch_timeout=opts.trial_timeout or max(60.0, 20 * trial_seconds),
         cache_root=str(Path(opts.workdir) / "cache" / "trials"),
-        build_workers=build_workers(usable_cpus(1)),  # as the factory builds: with the node's CPUs, in any rank
+        build_workers=builders,
         files=sources.files,
         cold_every_epoch=sources.cold_every_epoch,
     )
@@ -246,7 +250,7 @@ def prepare_stream(spec: UserSpec, opts: SearchOptions, clock: Clock) -> Setup:
             limits.notes.append(f"num_workers at most {shards}: the stream has {shards} shard(s), and a worker "
                                 "beyond them would get no data (Hugging Face) or fail (webdataset)")
     space = build_space(probe, limits)
-    trial_seconds = opts.trial_seconds or min(10.0, max(1.0, opts.budget / 50))
+    trial_seconds = opts.default_trial_seconds
     count = stream_subset(probe, spec.batch_size, trial_seconds)
     if not probe.length_known:
         probe = replace(probe, length=count)

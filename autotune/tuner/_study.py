@@ -32,15 +32,13 @@ from autotune.tuner._factory_costs import FactoryCosts
 from autotune.tuner._lifecycle import stop_on_signals
 from autotune.tuner._measure import Plan
 from autotune.tuner._measurement import Measurement
-from autotune.tuner._options import Clock, SearchOptions
+from autotune.tuner._options import MIN_ROUNDS, Clock, SearchOptions
 from autotune.tuner._preparation import Setup, prepare, with_subset
 from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, TrialRunner, TrialTimedOut, warm_forkserver
 from autotune.tuner._significance import NARROW, Spread, choose, cpu_times, noise_since, ratio
 from autotune.tuner._space import Space
 
 SEARCH_SHARE = 0.7  # of the budget; the rest re-measures the finalists interleaved
-MIN_ROUNDS = 2  # interleaved re-measurements of the finalists before their interval can be narrow enough
-MAX_ROUNDS = 8
 MIN_TRIAL_S = 1.0  # the shortest limit a trial is started with
 STOP_S = 4.0  # stopping a trial that overran: asking what it reads, SIGTERM and its grace (tuner/_runner.py)
 
@@ -364,7 +362,7 @@ class Search:
 
     def finish(self) -> Outcome:
         """Measure the finalists and the default again, interleaved (A B C, B C A, ...), until the leader's
-        speed-up over the default is known to about +-5% (at least MIN_ROUNDS rounds), MAX_ROUNDS, or the
+        speed-up over the default is known to about +-5% (at least MIN_ROUNDS rounds), ``max_rounds``, or the
         wall; a run that would not end before the wall is not started.
 
         The invariant: a finalist leaves the choice only when its re-measurement shows it cannot run here, never
@@ -389,7 +387,7 @@ class Search:
         stopped: dict[LoaderConfig, str] = {}  # a run the wall stopped, by finalist: the last one's reason
         cost = _measured_seconds(study)
         typical = statistics.median(cost.values()) if cost else plan.batch_timeout / 10
-        for r in range(MAX_ROUNDS):
+        for r in range(self.opts.max_rounds):
             order = configs[r % len(configs):] + configs[: r % len(configs)]  # rotate: A B C, B C A, ...
             ran = False
             for config in order:
