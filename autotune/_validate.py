@@ -45,6 +45,7 @@ from autotune.caches import dataset_key
 from autotune.caches._codec import sample_nbytes
 from autotune.caches._disk_fill import close_all
 from autotune.caches._memory import _HEAD as SCHEMA_HEAD
+from autotune.config import partial_count
 from autotune.dataset import (
     bare_decode,
     check_deterministic,
@@ -56,7 +57,7 @@ from autotune.dataset import (
 )
 from autotune.errors import AutotuneError, RecipeError
 from autotune.loader import DeviceConsumer
-from autotune.machine import _evict, build_workers
+from autotune.machine import _evict, build_workers, first_touch_seconds
 from autotune.recipe import _factory_runs
 from autotune.recipe._factory import cache_location
 from autotune.recipe._file import Profile, RecipeFile, _locked
@@ -132,6 +133,11 @@ class Validation:
     floor_gathers_seconds: float | None = None
     floor_seconds: float | None = None
     over_floor: float | None = None
+    # A memory cache's bytes written into fresh memory once, on the build's workers (machine._first_touch):
+    # what keeping the samples costs the run, which the floor does not count (its samples are in memory
+    # before its clock starts). None without a memory cache.
+    keep_seconds: float | None = None
+    keep_bytes: int | None = None
     build_parts: dict[str, float] = field(default_factory=dict)  # seconds of the build's fixed steps
     cache_fill: str | None = None
     # the data the fresh process ran, as a search fingerprints it: its run is kept for that data only
@@ -392,7 +398,11 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
     floor_decode = decode
     if floor_decode is None and read:  # a run that read no sample has no floor to be held against
         floor_decode = decode_once(dataset, read, workers, files) * length / len(read)
-    gathers = epoch_gathers(length, sample_nbytes(dataset[0]), batch_size, payload["seed"]) * epochs
+    nbytes = sample_nbytes(dataset[0])
+    gathers = epoch_gathers(length, nbytes, batch_size, payload["seed"]) * epochs
+    config = profile.config
+    kept = nbytes * partial_count(config.cache_share, length) if config.cache and config.cache_in_memory else 0
+    keep = first_touch_seconds(kept, workers) if kept else None
     fingerprint = dataset_fingerprint(dataset, spec.source_text)
     return {
         "timings": [asdict(t) for t in timings], "build_seconds": build_seconds, "report": report.to_dict(),
@@ -402,6 +412,7 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
         "full": full, "measured_batches": measured_batches, "ready_wall": ready_wall, "loaded_wall": loaded_wall,
         "build_parts": parts, "bare_decode_seconds": decode, "bare_decode_workers": workers,
         "floor_decode_seconds": floor_decode, "floor_gathers_seconds": gathers,
+        "keep_seconds": keep, "keep_bytes": kept or None,
         "profile_fingerprint": profile.fingerprint, "dataset_fingerprint": fingerprint, "dataset_length": length,
     }
 
@@ -466,6 +477,7 @@ def validate_fresh(recipe: Any, recipe_path: str | os.PathLike[str], target: str
                     bare_decode_seconds=got["bare_decode_seconds"], bare_decode_workers=got["bare_decode_workers"],
                     floor_decode_seconds=got["floor_decode_seconds"],
                     floor_gathers_seconds=got["floor_gathers_seconds"],
+                    keep_seconds=got["keep_seconds"], keep_bytes=got["keep_bytes"],
                     build_parts=got["build_parts"], dataset_fingerprint=got["dataset_fingerprint"],
                     dataset_length=got["dataset_length"], finish_seconds=got["finish_seconds"])
 

@@ -97,6 +97,9 @@ def test_article_table(results):
     assert all(row["over_floor"] == row["total_s"]["median"] / floor["total_s"]["median"]
                for row in data["rows"].values())
     assert "row total ÷ floor" in data["table_markdown"]
+    keep = floor["keep"]  # what the floor does not count: the samples' bytes written into fresh memory once
+    assert keep["keep_s"] > 0 and keep["floor_plus_keep_s"] == floor["total_s"]["median"] + keep["keep_s"]
+    assert any(note.startswith("floor plus keeping the samples: ") for note in data["notes"])
     assert set(data["search"]).issuperset({"wall_s", "config", "trial_log", "study", "measured"})
     assert {"points", "cost_s", "best", "evaluated"} <= set(data["grid"])
 

@@ -171,3 +171,20 @@ def test_every_benchmark_row_is_divided_by_the_floor_row():
     assert over_floor(rows) == {"A": pytest.approx(6.0), "autotune": pytest.approx(1.5), "floor": 1.0,
                                 "broken": None}
     assert over_floor({"A": row(7.8)}) == {"A": None}, "no floor row: no ratio"
+
+
+def test_the_floor_row_adds_what_keeping_the_samples_costs():
+    """The floor's runs measure, outside their clock, their samples' bytes written into fresh memory once:
+    the floor plus that median, and every row's total over it (the floor's own total is left as it is)."""
+    from harness.floor import keep_row
+
+    def row(median, keeps=()):
+        return {"total_s": {"median": median, "min": median, "max": median, "n": 1},
+                "runs": [{"info": {"keep_s": k}} for k in keeps]}
+
+    rows = {"autotune": row(3.4), "floor": row(2.5, (0.4, 0.5, 0.9)), "broken": {"failed": ["x"]}}
+    kept = keep_row(rows)
+    assert kept == {"keep_s": 0.5, "floor_plus_keep_s": pytest.approx(3.0),
+                    "over": {"autotune": pytest.approx(3.4 / 3.0), "floor": pytest.approx(2.5 / 3.0)}}
+    assert keep_row({"autotune": row(3.4), "floor": row(2.5)}) is None, "runs that measured no keeping"
+    assert keep_row({"autotune": row(3.4)}) is None, "no floor row"

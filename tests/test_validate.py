@@ -151,6 +151,7 @@ def test_cli_prints_and_stores(tmp_path, files, capsys):
     assert v["floor_decode_seconds"] is not None and v["floor_seconds"] == pytest.approx(
         v["floor_decode_seconds"] + v["floor_gathers_seconds"])
     assert "this machine's floor for the run" in out and "x the floor" in out
+    assert v["keep_seconds"] is None and v["keep_bytes"] is None and "keeping the samples" not in out  # no cache
 
 
 def test_cli_bad_input_is_one_line_exit_2(tmp_path, files, capsys):
@@ -200,6 +201,15 @@ def test_fresh_process_validation_record(tmp_path, files, capsys):
     assert v["floor_seconds"] == pytest.approx(v["floor_decode_seconds"] + v["floor_gathers_seconds"])
     assert v["over_floor"] == pytest.approx(v.total.measured / v["floor_seconds"])
     assert f"the whole run is {v['over_floor']:.2f}x the floor" in out
+    # what keeping the samples costs beside it: the memory cache's bytes written into fresh memory once
+    from evict_workloads import FileSamples
+
+    from autotune.caches._codec import sample_nbytes
+
+    assert v["keep_bytes"] == 40 * sample_nbytes(FileSamples(files)[0]) and v["keep_seconds"] > 0
+    held = v["floor_seconds"] + v["keep_seconds"]
+    assert f"the whole run is {v.total.measured / held:.2f}x the floor plus keeping" in out
+    assert f"cache's {v['keep_bytes'] / (1 << 20):.0f} MiB into fresh memory once" in out
 
 
 def test_a_fresh_validation_keeps_what_the_factory_cost_for_the_next_search(tmp_path, files, capsys):
@@ -250,3 +260,4 @@ def test_a_disk_cache_filled_by_the_first_epoch_is_validated_with_its_commit(tmp
     assert v.total.measured == pytest.approx(
         v.build.measured + v.first_epoch.measured + v.epoch.measured + v["finish_seconds"])
     assert "whole run, 2 epochs" in out
+    assert v["keep_seconds"] is None and "keeping the samples" not in out  # a disk cache's files, not fresh memory
