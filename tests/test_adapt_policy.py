@@ -152,6 +152,31 @@ def test_a_drift_before_settling_clears_the_rejections_judged_before_it():
         W2.refit(prefetch_factor=4), "try", "trying more prefetch: " + W2.refit(prefetch_factor=4).describe())
 
 
+def test_a_drift_inside_an_epoch_is_asked_of_the_incumbents_figure_as_decide_judges_it():
+    """The loader asks at its chunk boundaries (``drifting``): the incumbent's steady seconds per batch so far
+    against its latest epoch's (or the settled reference), beyond DRIFT and twice the run's noise, the test
+    ``decide`` reopens by; never before a measured epoch, never of a move being tried, never in observe mode."""
+    policy = Policy(W2, max_workers=2, explore_share=1)
+    assert not policy.drifting(W2, 0.030)  # the warm-up measured nothing yet
+    run(policy, [lambda c: obs(c, 10.0, stall=LOW)] * 2)  # warm-up, then the incumbent's 10 ms; tries W1
+    assert policy.trying is not None and not policy.drifting(W2, 0.030)  # a move under way: rules 2 and 4
+    policy.decide(obs(W1, 12.0, stall=LOW))  # reverted
+    assert policy.trying is None and policy.incumbent == W2
+    assert policy.drifting(W2, 0.030) and policy.drifting(W2, 0.0080)  # three times slower, 20% faster
+    assert not policy.drifting(W2, 0.0110)  # 10%: within DRIFT
+    assert not policy.drifting(W1, 0.030)  # not the incumbent's part
+    noisy = Policy(W2, max_workers=2, explore_share=1)
+    run(noisy, [lambda c: obs(c, 10.0, stall=LOW, spread=0.3)] * 2)
+    noisy.decide(obs(W1, 12.0, stall=LOW, spread=0.3))
+    # chunks ±30%: twice the noise (0.31) is 0.62 needed; 1.5x (0.41) is noise, 2x (0.69) is not
+    assert not noisy.drifting(W2, 0.015) and noisy.drifting(W2, 0.020)
+    d = noisy.decide(obs(W2, 20.0, stall=LOW, spread=0.3, batches=6))  # the part the loader ended there
+    assert d.event == "reopen" and "20.00 ms a batch against 10.00 before" in d.line
+    observing = Policy(W2, max_workers=2, observe=True)
+    run(observing, [lambda c: obs(c, 10.0, stall=LOW)] * 3)
+    assert not observing.drifting(W2, 0.030)
+
+
 def test_observe_never_moves_and_a_refused_or_callers_setting_is_never_tried():
     observer = Policy(W2, max_workers=4, observe=True)
     assert {d for d, _ in run(observer, [lambda c: obs(c, 10.0)] * 4)} == {"observe"}

@@ -4,6 +4,7 @@ measured epochs handed to the policy, and the stall clock."""
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import time
 import warnings
 
@@ -504,6 +505,43 @@ def test_a_pools_memory_is_read_once_not_every_epoch(tmp_path, monkeypatch):
     batches(loader, 5)
     assert [o.config for o in loader.policy.seen] == [P2, P2, P2, P1, P2]
     assert len(readings) == 3 and loader.memory.per_worker_bytes is not None  # P2's, P1's, P2's again
+    loader.close()
+
+
+class SlowsDown(Numbers):
+    """``delay`` seconds a sample, shared with forked workers: the training loop makes it heavier mid-run (a
+    competitor, a heavier step, as the loader sees either)."""
+
+    def __init__(self, n, delay):
+        super().__init__(n)
+        self.shared = multiprocessing.get_context("fork").Value("d", delay, lock=False)
+
+    def __getitem__(self, i):
+        time.sleep(self.shared.value)
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("config", [LoaderConfig(), P2], ids=["main process", "persistent pool"])
+def test_a_drift_inside_an_epoch_ends_the_incumbents_part_there_with_a_plain_loaders_batches(tmp_path, config):
+    """Ten times slower from epoch 3 on: the part ends at the first chunk boundary a probe's length in (batch 6
+    of 20) and the policy reopens there instead of at the epoch's end; at most one such end an epoch; the
+    batches are a plain loader's."""
+    path = write_recipe(tmp_path / "autotune.json", config=config)
+    dataset = SlowsDown(160, 0.0005)
+    loader = autotune.dataloader(dataset, path, adapt=True, shuffle=True, generator=torch.Generator().manual_seed(6))
+    loader.policy = Policy(config, max_workers=2, explore_share=0.0)  # it measures, and never tries a move
+    got = []
+    for epoch in range(4):
+        dataset.shared.value = 0.005 if epoch >= 2 else 0.0005
+        got.append([batch[1].tolist() for batch in loader])
+    plain = DataLoader(Numbers(160), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(6))
+    assert got == batches(plain, 4)
+    events = [(e.epoch, e.mid_epoch, e.decision) for e in loader.history.events]
+    assert events[:3] == [(0, False, "warm-up"), (1, False, "measure"), (2, True, "reopen")], [
+        (e.epoch, e.mid_epoch, e.decision, e.line, round(e.seconds_per_batch * 1e3, 2)) for e in loader.history.events]
+    mid = [e[0] for e in events if e[1]]
+    assert len(mid) == len(set(mid))  # at most one drift an epoch
+    assert loader.policy.seen_seconds > 0 and [o for o in loader.history.events if o.mid_epoch][0].config == config
     loader.close()
 
 

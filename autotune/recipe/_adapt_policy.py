@@ -20,7 +20,9 @@ The rules (a hill climb, as tf.data's and MindSpore's, with a significance test)
    the incumbent's own change between its last two epochs. Otherwise the next epoch reverts.
 3. After ``MAX_REJECTIONS`` rejections in a row, or with no move left, the policy settles: the
    incumbent stays, and its figure is watched; a change beyond ``DRIFT`` (and the noise), or the stall
-   crossing ``STALL_HIGH``, reopens the search from the incumbent. The same change between two of the
+   crossing ``STALL_HIGH``, reopens the search from the incumbent. A drift is seen inside an epoch too
+   (``drifting``, asked by the loader at its chunk boundaries): the incumbent's part ends there and the
+   search reopens for the rest of the epoch, not one epoch later. The same change between two of the
    incumbent's epochs before it settles clears the rejections: they were judged under other conditions.
 4. A candidate's first part (``probe``: the loader ends it after a quarter of the epoch or part, at a
    boundary the user cannot observe) is judged for a loss only: slower than the incumbent by more than
@@ -325,6 +327,19 @@ class Policy:
         sigma = self.noise() * math.sqrt(1 / incumbent.chunks + 1 / candidate.chunks)
         own = abs(math.log(incumbent.epochs[-1] / incumbent.epochs[-2])) if len(incumbent.epochs) > 1 else 0.0
         return max(MIN_GAIN, 2 * sigma, own)
+
+    def drifting(self, config: LoaderConfig, steady: float) -> bool:
+        """Rule 3's drift seen inside an epoch: ``steady``, the seconds per batch of the incumbent's part under
+        way (a part that did not start its pool), left the incumbent's figure (its latest epoch's, or the settled
+        reference) by what ``decide`` reopens for: beyond ``DRIFT`` and twice the run's noise. The loader then
+        ends the part there, and ``decide`` reopens from it. Never while a move is tried or a probe's revert
+        restarts the incumbent (those parts are judged by rules 2 and 4), nor before a measured epoch."""
+        stats = self.stats.get(config)
+        if (self.observe or self.trying is not None or self._restarted or config != self.incumbent
+                or stats is None or not stats.epochs or steady <= 0):
+            return False
+        before = self.reference if self.settled and self.reference else stats.epochs[-1]
+        return abs(math.log(steady / before)) > max(DRIFT, 2 * self.noise())
 
     def crashed(self, config: LoaderConfig, why: str) -> None:
         """``config``'s workers failed where the incumbent's did not: the loader is back on the incumbent,

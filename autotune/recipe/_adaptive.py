@@ -87,16 +87,23 @@ class Memory:
 
 
 def _epoch_stats(waits: list[float], marks: list[float], start: float, end: float, config: LoaderConfig,
-                 fresh: bool, cpu_seconds: float = 0.0) -> EpochObservation:
-    """The epoch as the policy sees it: ``marks`` are the times each batch left ``next()``."""
+                 fresh: bool, cpu_seconds: float = 0.0, chunk: int = 0) -> EpochObservation:
+    """The epoch as the policy sees it: ``marks`` are the times each batch left ``next()``. ``chunk``: the
+    batches of a chunk (``chunk_size``), so that a part cut short (a probe, a drift, a failure) is chunked as its
+    epoch is and the run's noise stays one chunk's (0: this part's own steady batches / ``CHUNKS``)."""
     chunk_seconds: list[float] = []
     steady = marks[1:]  # from the first batch on: its wait is the start-up, not the run's noise
-    size = max(1, (len(steady) - 1) // CHUNKS)
+    size = chunk or chunk_size(len(marks))
     for i in range(0, len(steady) - size, size):
         chunk_seconds.append((steady[i + size] - steady[i]) / size)
     return EpochObservation(config=config, batches=len(waits), seconds=end - start, wait_seconds=sum(waits),
                             first_wait_seconds=waits[0] if waits else 0.0, chunk_seconds=tuple(chunk_seconds),
                             fresh_pool=fresh, main_cpu_seconds=cpu_seconds)
+
+
+def chunk_size(batches: int) -> int:
+    """The batches of one chunk of an epoch (or long part) of ``batches``: its steady batches in ``CHUNKS``."""
+    return max(1, (batches - 2) // CHUNKS)
 
 
 class RankSync:
@@ -177,6 +184,7 @@ class _Pending:
     fresh: bool
     cpu_start: float = field(default_factory=time.process_time)  # the main process's CPU clock, all threads
     probe: bool = False  # a candidate's first part: ends after ``probe_batches`` (the policy's rule 4)
+    chunk: int = 0  # the batches of a chunk of the epoch (or long part) it belongs to (``_epoch_stats``)
 
     def estimated_end(self) -> float:
         waits, marks = self.clock.waits, self.marks
@@ -263,6 +271,8 @@ class AdaptiveLoader:
         self._note: str | None = None  # a failed candidate's warning, said once the incumbent went past it
         self._trial = False  # the last decision was a try: the next part starts with its probe
         self._outside = 0.0  # the loader's own wall time since the last observation: the policy's rule 5
+        self._drift_epoch = -1  # the epoch whose part a drift ended (at most one an epoch: ``_drift_ends``)
+        self._chunk = 0  # the batches of a chunk of the epoch being read (``chunk_size``)
         self.epoch = 0
 
     @property
@@ -341,12 +351,39 @@ class AdaptiveLoader:
         only with an owned index stream (the incumbent takes the epoch back mid-way)."""
         if not pending.probe or self._stream is None or total is None:
             return False
-        size = self.part_batches if 0 < self.part_batches and total >= 2 * self.part_batches else total
+        size = self._part_size(total)
         return len(pending.marks) == probe_batches(size) and total - position >= MIN_BATCHES
+
+    def _part_size(self, total: int) -> int:
+        """The batches of one part of an epoch of ``total``: ``part_batches`` in a long epoch, else the epoch."""
+        return self.part_batches if 0 < self.part_batches and total >= 2 * self.part_batches else total
+
+    def _drift_ends(self, pending: _Pending, position: int, total: int | None) -> bool:
+        """Whether the incumbent's part ends after batch ``position`` because its seconds per batch so far left
+        the incumbent's figure by a drift (the policy's ``drifting``: a competitor, a heavier step that starts
+        mid-epoch), so the policy reopens now instead of after an epoch at the old configuration: at a chunk
+        boundary, a probe's length into the part at least, with a probe's length and ``MIN_BATCHES`` of the
+        epoch left to try a move on, at most once an epoch. Not in a part that started its pool (its start-up,
+        which its epoch amortises, would read as a drift over a few batches), and not with several ranks:
+        their parts must end together, and each rank's clock is its own (they reopen at the epoch's end, from
+        the all-reduced figure)."""
+        started_pool = pending.fresh and pending.config.num_workers > 0
+        if (self._sync is not None or self._stream is None or total is None or pending.probe or started_pool
+                or self._drift_epoch == self.epoch):
+            return False
+        size = self._part_size(total)
+        chunk, n = pending.chunk or chunk_size(size), len(pending.marks)
+        if n < max(2, probe_batches(size)) or n % chunk or total - position < probe_batches(size) + MIN_BATCHES:
+            return False
+        so_far = (pending.clock.now() - pending.start) / n  # as the part's observation will count it
+        if not self.policy.drifting(pending.config, so_far):
+            return False
+        self._drift_epoch = self.epoch
+        return True
 
     def _new_pending(self, clock: HostClock, fresh: bool) -> _Pending:
         probe, self._trial = self._trial, False
-        return _Pending(clock, [], clock.now(), self.config, fresh, probe=probe)
+        return _Pending(clock, [], clock.now(), self.config, fresh, probe=probe, chunk=self._chunk)
 
     def __iter__(self) -> Iterator[Any]:
         self._finish_pending()  # an epoch its consumer left at its last batch (len known): ends before this one
@@ -360,6 +397,7 @@ class AdaptiveLoader:
             total: int | None = len(self._loader)
         except TypeError:  # a stream without a length: an epoch ends at StopIteration only
             total = None
+        self._chunk = 0 if total is None else chunk_size(self._part_size(total))
         pending = self._new_pending(clock, fresh)
         iterator: Any = None
         count = 0
@@ -382,7 +420,7 @@ class AdaptiveLoader:
                     iterator = None
                     clock.epoch_waits()  # the part mixed two configurations: it teaches nothing
                     self._trial = False
-                    pending = _Pending(clock, [], clock.now(), self.config, True)
+                    pending = _Pending(clock, [], clock.now(), self.config, True, chunk=self._chunk)
                     self._fresh = False
                     continue
                 pending.marks.append(clock.leave())
@@ -400,7 +438,8 @@ class AdaptiveLoader:
                     self._pending = pending
                 yield batch
                 probe = self._probe_ends(pending, position, total)
-                if self._pending is not pending and (probe or self._boundary(position, total)):
+                if self._pending is not pending and (probe or self._boundary(position, total)
+                                                     or self._drift_ends(pending, position, total)):
                     loader = self._loader
                     self._end(pending, clock.now(), mid_epoch=True, probe=probe)
                     if self._loader is not loader:
@@ -471,7 +510,7 @@ class AdaptiveLoader:
         if len(waits) >= MIN_BATCHES:
             self._completed.add(pending.config)
             obs = _epoch_stats(waits, pending.marks, pending.start, end, pending.config, pending.fresh,
-                               time.process_time() - pending.cpu_start)
+                               time.process_time() - pending.cpu_start, pending.chunk)
             obs = dataclasses.replace(obs, probe=probe, overhead_seconds=self._outside)
             self._outside = 0.0
             self._end_epoch(obs, mid_epoch)
