@@ -184,7 +184,7 @@ def test_adapt(results):
     assert data["search"]["note"] == "--quick: the usual advice, no search"
     for name, scenario in data["scenarios"].items():
         assert set(scenario["rows"]) == {"fixed recipe", "adapt=True", "grid best"}, name
-        assert scenario["grid"]["points"] == len(data["grid"]) and scenario["grid"]["best"]["total_s"] > 0
+        assert scenario["grid"]["points"] == len(data["grid"][name]) and scenario["grid"]["best"]["total_s"] > 0
         for row, runs in scenario["rows"].items():
             assert len(runs) == 1 and len(runs[0]["epoch_s"]) == 4, (name, row)
         assert [h["epoch"] for h in scenario["rows"]["adapt=True"][0]["history"]] == [0, 1, 2, 3]
@@ -196,13 +196,14 @@ def test_adapt(results):
         fixed, adapting = scenario["rows"]["fixed recipe"][0], scenario["rows"]["adapt=True"][0]
         assert len(set(fixed["main_threads"])) == 1, name  # a fixed run's split stays
         assert adapting["main_threads"][0] == fixed["main_threads"][0], name  # adapt starts where fixed runs
-    # --quick's recipe is the usual advice (a worker per CPU, torch's threads): the grid is the cross through
-    # it, held at its cache and allocator, the recipe's own point first
+    # --quick's searched recipe is the usual advice (a worker per CPU, torch's threads): the competitor's grid is
+    # the cross through it, held at its cache and allocator, the recipe's own point first
     n = usable_cpus()
-    grid = [(c["num_workers"], c["main_threads"], c["cache"], c["allocator"]) for c in data["grid"]]
+    grid = [(c["num_workers"], c["main_threads"], c["cache"], c["allocator"]) for c in data["grid"]["competitor"]]
     assert grid == [(n, None, None, "glibc"), (0, None, None, "glibc")] + ([(n, 1, None, "glibc")] if n > 1 else [])
+    # the mismatch's recipe is the proxy's (the fastest worker count with no step), its grid's first point
     mismatch = data["scenarios"]["mismatch"]
-    assert mismatch["fixed"] == data["grid"][0] == mismatch["grid"]["evaluated"][0]["config"]
+    assert mismatch["fixed"] == data["grid"]["mismatch"][0] == mismatch["grid"]["evaluated"][0]["config"]
     no_regret = data["scenarios"]["no_regret"]
     assert no_regret["fixed"] == no_regret["grid"]["best"]["config"] and no_regret["recipe_is_best"]
 
