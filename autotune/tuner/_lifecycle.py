@@ -19,7 +19,6 @@ leftovers from a live one's folders.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import threading
@@ -27,7 +26,6 @@ from collections.abc import Iterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 _HELD: list[int | None] = [0, None]  # how deep inside ``stop_held``, and the exit a held stop asked for
-_PR_SET_PDEATHSIG = 1
 
 
 class Stopped(BaseException):
@@ -66,16 +64,6 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
-
-
-def die_with_parent(sig: int = signal.SIGKILL) -> bool:
-    """Ask Linux to send ``sig`` to this process when its parent exits (prctl PR_SET_PDEATHSIG); False where
-    the call does not exist. Cleared across fork, so each process that wants it must ask itself."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
 
 
 def watch_parent(parent: int, interval: float = 0.25) -> threading.Thread:
