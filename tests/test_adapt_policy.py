@@ -506,3 +506,25 @@ def test_a_drift_after_an_expensive_first_try_gets_a_try_by_the_epoch_after_it()
     rest = loader_part(policy, T1, 41.0, 24, stall=0.3, cpu=0.9)
     assert not rest.capped  # faster: its extra only falls
     assert policy.decide(rest).event == "keep" and policy.incumbent == T1
+
+
+def test_a_kept_moves_gain_is_not_banked_for_losing_to_the_new_incumbent():
+    """benchmarks/adapt.py's competitor (loaded): fewer main threads kept at 12x left the ledger at -5 s, which
+    then paid a whole probe of "more main threads" 12x slower than the new incumbent (2.5 s). Once kept, the
+    candidate is the incumbent the extra is counted against: the ledger goes to zero, and the next bad try is
+    ended within the allowance."""
+    z2 = Z.refit(main_threads=2)  # "more main threads" from T1: the split Z runs with, set
+    policy = Policy(Z, max_workers=2, threads=2, fixed=frozenset({"num_workers"}))
+    policy.decide(part(Z, 30.0, stall=LOW))
+    d = policy.decide(part(Z, 30.0, stall=LOW))
+    assert (d.event, d.config) == ("try", T1)
+    assert policy.decide(loader_part(policy, T1, 10.0, 25, probe=True, stall=LOW)).event == "continue"
+    assert policy.spent_seconds == pytest.approx(-0.5)  # 25 batches 20 ms under the incumbent
+    assert policy.decide(loader_part(policy, T1, 10.0, 75, stall=LOW)).event == "keep"
+    assert policy.spent_seconds == 0.0  # not -2 s
+    d = policy.decide(part(T1, 10.0, stall=LOW))
+    assert (d.event, d.config) == ("try", z2)
+    probe_obs = loader_part(policy, z2, 30.0, 25, probe=True, stall=LOW)
+    assert probe_obs.capped and probe_obs.batches == 9  # 0.020 n > 2% of (8 s + 0.030 n) from n = 9
+    assert policy.decide(probe_obs).event == "revert"
+    assert policy.spent_seconds - EXPLORE_SHARE * policy.seen_seconds <= 0.020  # at most the one batch

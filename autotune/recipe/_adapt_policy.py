@@ -33,7 +33,10 @@ The rules (a hill climb, as tf.data's and MindSpore's, with a significance test)
    over running the incumbent: the loader's own time outside the clocks (``overhead_seconds``: its
    bookkeeping, a switch's shut-down and new loader), each candidate part's whole wall (its new pool's
    start-up included) over the incumbent's seconds per batch, and the incumbent's restart after a revert.
-   What is left (``left``) is ``EXPLORE_SHARE`` of the run so far (``seen_seconds``) less the ledger.
+   What is left (``left``) is ``EXPLORE_SHARE`` of the run so far (``seen_seconds``) less the ledger. A
+   kept move's gain is not banked: once kept, the candidate is the incumbent the run's extra is counted
+   against, and what it saved over the old one (its parts charged at the old rate, below zero) is the run's
+   gain over the fixed run, not an allowance for losing to the new incumbent (the ledger goes to zero).
 
    The invariant: **the adapting run's extra wall time over the incumbent's (the fixed run's, where the
    recipe is the best) never exceeds ``EXPLORE_SHARE`` of the run so far, plus the loss of the one batch
@@ -535,6 +538,7 @@ class Policy:
         if gain > need:
             self.incumbent, self.kept_move, self.rejections = config, name, 0
             self.tried, self._open, self.starved = set(), None, False
+            self.spent_seconds = max(0.0, self.spent_seconds)  # rule 5: a kept move's gain is not banked
             return Decision(config, "keep", f"{name}: {figures}: kept")
         self._after_revert = True
         return self._rejected(name, config, figures)
