@@ -12,6 +12,10 @@ the samples (``Floor.scale``). ``autotune diagnose`` measures it on its subset, 
 beside the recipe's run in its fresh process; the benchmarks measure it whole, in a fresh process,
 interleaved with the rows they compare with it. ``bare_decode`` is also what a cache build is held
 against (``diagnose._build``, ``_validate``): the same decode, on the same processes, keeping nothing.
+
+Where a recipe's run goes against it (the article table's first-epoch memory fill, 1.21x: its fixed steps
+before epoch 1, keeping the samples in epoch 1, the later epochs' DataLoader round trips), measured by
+phase and in CPU seconds: docs/architecture.md §4.
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ a memory file (``machine._memory_file``), as the cache's build now writes, whole
 without the fault and the zeroing: about half of it. A bare decode pass reuses one sample's buffer and
 pays none of it, so this is what separates a cache build from decoding the same samples
 (``diagnose._build``): the price of keeping the samples, measured here the way the build pays it.
+
+On a VM whose balloon reports free memory to the host (virtio's ``VIRTIO_BALLOON_F_REPORTING``), memory
+freed more than a few seconds earlier faults on the host again when touched: the figure moves with what
+the machine freed just before (1.2 GB here: 0.66-0.92 s right after another process freed as much,
+0.80-1.20 s six seconds later; docs/architecture.md §4). Compare it in interleaved, paired runs.
 """
 
 from __future__ import annotations
