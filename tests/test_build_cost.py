@@ -51,3 +51,30 @@ def test_a_partial_build_first_trial_predicts_the_build_of_its_share_within_3x(t
     side_by_side = f"predicted {predicted:.3f} s, real {real:.3f} s, old projection {old:.3f} s"
     print(side_by_side)
     assert real / 3 <= predicted <= 3 * real, side_by_side
+
+
+def test_a_trial_starts_its_dataloaders_as_the_search_does_not_as_the_forkserver_that_forked_it():
+    """A process the forkserver starts defaults to the forkserver; a cache build's read workers (a
+    DataLoader without a context) then started a fresh forkserver in the trial (3.1-3.6 s) where the
+    user's process forks them (0.06 s)."""
+    import multiprocessing
+
+    from autotune.tuner import _runner
+
+    ctx = multiprocessing.get_context("forkserver")
+    queue = ctx.SimpleQueue()
+    proc = ctx.Process(target=_start_method_after, args=(queue, _runner.search_start_method()))
+    proc.start()
+    proc.join(60)
+    assert queue.get() == ("forkserver", multiprocessing.get_start_method(allow_none=True)
+                           or multiprocessing.get_all_start_methods()[0])
+
+
+def _start_method_after(queue, method):
+    import multiprocessing
+
+    from autotune.tuner import _runner
+
+    before = multiprocessing.get_start_method()
+    _runner._start_as_the_search(method)
+    queue.put((before, multiprocessing.get_start_method()))
