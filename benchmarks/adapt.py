@@ -62,6 +62,7 @@ machine (estimated: the last quiet run took 1206 s); it says its plan after the 
 (each scenario's grid, ~5 minutes, then its rows; ``no_regret`` reuses ``mismatch``'s grid).
 
     python benchmarks/adapt.py [--quick] [--scenarios mismatch phase ...] [--repeats 3] [--epochs 12]
+                               [--start '{"num_workers": 0}']   (a stated recipe instead of the search)
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ from harness.stats import interleaved, ok, paired_ratio, spread, verdict
 
 from autotune._api import Recipe
 from autotune.config import LoaderConfig, usual_advice
+from autotune.errors import RecipeError
 from autotune.machine import usable_cpus
 from autotune.process import apply_at_runtime
 from autotune.recipe._file import Profile
@@ -213,6 +215,15 @@ def proxy_recipe(run: Any, recipe: LoaderConfig, max_workers: int) -> tuple[Load
 
 def searched_recipe(args: Any, work: Path, max_workers: int) -> tuple[Profile, dict[str, Any]]:
     """The recipe of scenario 1: a real search under a cheap step (``--quick``: the usual advice)."""
+    if args.start:  # a stated recipe: the same starting point for runs to be compared (before/after a change)
+        try:
+            config = LoaderConfig.from_json(json.loads(args.start))
+        except (ValueError, TypeError, RecipeError) as exc:
+            output.say(f"adapt: --start is not a LoaderConfig's JSON ({exc}): pass e.g. "
+                       '\'{"num_workers": 0}\'')
+            raise SystemExit(2) from None
+        return profile_for(config, batch_size=BATCH, epochs=args.epochs, source="benchmarks/adapt.py"), {
+            "note": f"--start: {config.describe()}, no search"}
     if args.quick:
         advice = profile_for(usual_advice(max_workers, context="fork"), batch_size=BATCH, epochs=args.epochs,
                              source="benchmarks/adapt.py")
@@ -271,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-rounds", type=int, default=40, help="matmuls per training step")
     p.add_argument("--budget", type=float, default=60.0, help="scenario 1's search, seconds")
     p.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    p.add_argument("--start", default=None, help="the recipe's configuration as a LoaderConfig's JSON instead of "
+                   "a search (competitor, phase; mismatch's proxy runs from it)")
     args = p.parse_args(argv)
     if args.cell:
         print(json.dumps(cell(json.loads(args.cell)["params"])))
@@ -285,10 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     # the phase: the step three times heavier from the 5th epoch (0-based 4) where there are enough after it
     base = {"epochs": args.epochs, "samples": args.samples, "work": args.work, "step_rounds": args.step_rounds,
             "phase_epoch": 4 if args.epochs >= 7 else args.epochs // 2}
-    searching = not args.quick and any(s != "no_regret" for s in args.scenarios)  # no_regret's recipe is the grid's
+    # no_regret's recipe is the grid's; --start states the recipe
+    searching = not args.quick and not args.start and any(s != "no_regret" for s in args.scenarios)
     if searching:
         output.say(f"adapt: a {args.budget:g} s search under the cheap step first")
-    profile, search = (searched_recipe(args, work, max_workers) if searching or args.quick else (
+    profile, search = (searched_recipe(args, work, max_workers) if searching or args.quick or args.start else (
         profile_for(usual_advice(max_workers, context="fork"), batch_size=BATCH, epochs=args.epochs,
                     source="benchmarks/adapt.py"), {"note": "no_regret alone: no search"}))
     searched = profile.config

@@ -11,7 +11,18 @@ import math
 import pytest
 
 from autotune.config import LoaderConfig
-from autotune.recipe._adapt_policy import EXPLORE_SHARE, MIN_GAIN, Decision, EpochObservation, Policy, moves, same_pool
+from autotune.recipe._adapt_policy import (
+    ASSUMED_START_UP,
+    ASSUMED_SWITCH,
+    EXPLORE_SHARE,
+    LOSS,
+    MIN_GAIN,
+    Decision,
+    EpochObservation,
+    Policy,
+    moves,
+    same_pool,
+)
 
 W2 = LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True, multiprocessing_context="fork")
 W3 = W2.refit(num_workers=3)
@@ -45,7 +56,7 @@ def run(policy, observations):
 
 
 def test_a_loader_bound_run_adds_workers_while_each_step_pays_and_settles_after_three_rejections():
-    policy = Policy(W2, max_workers=4)
+    policy = Policy(W2, max_workers=4, explore_share=1)
     figures = {W2: 10.0, W3: 8.0, W4: 7.0}  # ms a batch; the step waits (stall 0.5)
     prefetch4 = W4.refit(prefetch_factor=4)
     less = W4.refit(num_workers=3)
@@ -73,7 +84,7 @@ def test_a_step_bound_run_tries_fewer_workers_first():
     assert moves(LoaderConfig(), 0.5, max_workers=2, cuda=False) == [
         ("more workers", LoaderConfig(num_workers=1, prefetch_factor=2, persistent_workers=True))]
     assert moves(W2, 0.5, max_workers=4, cuda=False, first="less prefetch")[0][0] == "less prefetch"
-    policy = Policy(W2, max_workers=4)
+    policy = Policy(W2, max_workers=4, explore_share=1)
     got = run(policy, [lambda c: obs(c, 10.0, stall=0.0)] * 3)
     assert got == [("warm-up", W2), ("try", W1), ("revert", W2)]
 
@@ -99,7 +110,7 @@ def test_a_switch_is_kept_only_beyond_the_noise_measured_in_the_run():
 
 
 def test_the_warm_up_epoch_is_not_the_incumbents_figure():
-    policy = Policy(W2, max_workers=4)
+    policy = Policy(W2, max_workers=4, explore_share=1)
     seq = iter([40.0, 10.0, 9.0])  # a cold first epoch (a cache filling), then steady; W3 10% faster
     assert [e for e, _ in run(policy, [lambda c: obs(c, next(seq))] * 3)] == ["warm-up", "try", "keep"]
     assert policy.stats[W2].epochs == [0.01]
@@ -181,10 +192,11 @@ def test_observe_never_moves_and_a_refused_or_callers_setting_is_never_tried():
     observer = Policy(W2, max_workers=4, observe=True)
     assert {d for d, _ in run(observer, [lambda c: obs(c, 10.0)] * 4)} == {"observe"}
     assert observer.stats[W2].epochs == [0.01] * 4
-    refused = Policy(W2, max_workers=4, allowed=lambda c: "no room in /dev/shm" if c.num_workers > 2 else None)
+    refused = Policy(W2, max_workers=4, allowed=lambda c: "no room in /dev/shm" if c.num_workers > 2 else None,
+                     explore_share=1)
     assert run(refused, [lambda c: obs(c, 10.0)] * 2)[1] == ("try", W2.refit(prefetch_factor=4))
     assert refused.skipped == {W3: "no room in /dev/shm"}
-    fixed = Policy(W2, max_workers=4, fixed=frozenset({"num_workers"}))
+    fixed = Policy(W2, max_workers=4, fixed=frozenset({"num_workers"}), explore_share=1)
     assert run(fixed, [lambda c: obs(c, 10.0)] * 2)[1] == ("try", W2.refit(prefetch_factor=4))
 
 
@@ -199,11 +211,11 @@ def test_the_thread_split_is_a_move_judged_as_any_other():
     assert "more worker threads" not in dict(moves(W2, 0.5, max_workers=8, cuda=False, threads=4))  # forked: one
     t4 = W2.refit(main_threads=4)
     pf1 = W2.refit(prefetch_factor=1)
-    kept = Policy(W2, max_workers=4, threads=2)  # the step wants the cores: more main threads pay 20%
+    kept = Policy(W2, max_workers=4, threads=2, explore_share=1)  # the step wants the cores: more main threads pay 20%
     got = run(kept, [lambda c: obs(c, 8.0 if c == t4 else 10.0, stall=0.0)] * 7)
     assert got == [("warm-up", W2), ("try", W1), ("revert", W2), ("try", pf1), ("revert", W2), ("try", t4),
                    ("keep", t4)]
-    reverted = Policy(W2, max_workers=4, threads=2)  # as fast: reverted, the third rejection settles
+    reverted = Policy(W2, max_workers=4, threads=2, explore_share=1)  # as fast: reverted, the third rejection settles
     got = run(reverted, [lambda c: obs(c, 10.0, stall=0.0)] * 7)
     assert got[-2:] == [("try", t4), ("settle", W2)] and reverted.incumbent == W2
     fixed = Policy(W2, max_workers=4, threads=2, fixed=frozenset({"main_threads"}))
@@ -229,7 +241,7 @@ def test_a_step_keeping_all_its_threads_busy_tries_more_threads_first():
 
 
 def test_a_crashed_candidate_is_a_rejection_never_tried_again():
-    policy = Policy(W2, max_workers=4)
+    policy = Policy(W2, max_workers=4, explore_share=1)
     assert run(policy, [lambda c: obs(c, 10.0)] * 2)[1] == ("try", W3)
     policy.crashed(W3, "RuntimeError: DataLoader worker (pid 1) is killed by signal: Killed.")
     assert policy.trying is None and policy.rejections == 1 and W3 in policy.failed
@@ -320,40 +332,47 @@ def test_the_ledger_is_the_runs_measured_wall_over_the_fixed_runs_and_holds_the_
     """Where the recipe is the best, every try is a rejection: the ledger counts each try's whole wall (the
     new pool's start-up, the switch there and back, its probe, the incumbent's restart) and the loader's
     bookkeeping, so it equals the adapting run's wall over the fixed run's exactly; a try starts only when
-    its expected cost fits 2% of the run so far, the first one too, so the extra never exceeds 2% of the
-    run plus the one try under way."""
+    its price (what nothing stops once started: the switches and start-ups, measured or assumed) and its
+    probe at the least loss fit 2% of the run so far, the first one too."""
     rates = {W2: 10.0, W3: 12.0, W2.refit(prefetch_factor=4): 12.0, W1: 12.0}  # ms a batch
     policy = Policy(W2, max_workers=4)
     trace, wall = drive(policy, rates, 200, start_up=0.3, switch=0.1, bookkeeping=0.001)
     fixed = 0.3 + 200 * 100 * 0.010  # the fixed run: its pool's start-up once, every batch at 10 ms
     assert policy.spent_seconds == pytest.approx(wall - fixed)
     tries = [i for i, (event, *_) in enumerate(trace) if event == "try"]
-    # the first try (a new pool: its probe at the 6% loss, 2 x 0.3 s start-ups, no switch measured yet:
-    # 0.6155 s) waits until 2% of the run reached it plus the bookkeeping so far: epoch 32
-    assert tries[0] == 31 and trace[30][0] == "measure"
+    # the first try (a new pool: the warm-up's measured 0.3 s start-up there and again back, no switch measured
+    # yet: 2 x ASSUMED_SWITCH, its probe at the 6% loss: 0.8155 s) waits until 2% of the run reached it plus
+    # the bookkeeping so far: epoch 43
+    assert policy.start_up == 0.3 and policy.price(W3) == pytest.approx(2 * 0.3 + 2 * 0.101)  # by now measured
+    assert tries[0] == 42 and trace[41][0] == "measure"
     # each try's whole cost: 0.1 + 0.001 switching there, 0.3 start-up, 25 x 2 ms probe; 0.101 back, 0.3 restart
     assert policy.try_costs["pool"] == pytest.approx(0.101 + 0.3 + 0.05 + 0.101 + 0.3)
-    for i in tries:  # at each start: the ledger and the expectation (the last rejected try's cost) within 2%
+    for i in tries:  # at each start: the ledger and the expectation within 2%
         spent, seen = trace[i][1], trace[i][2]
-        expected = 0.6155 if i == tries[0] else 0.852
+        expected = 0.8155 if i == tries[0] else 0.852
         assert spent + expected <= EXPLORE_SHARE * seen + 1e-9
-    assert max(spent - EXPLORE_SHARE * seen for _, spent, seen in trace) <= 0.852 + 1e-9  # plus one try
+    # priced whole before it starts, no try here took the ledger over 2% of the run at any part's end
+    assert max(spent - EXPLORE_SHARE * seen for _, spent, seen in trace) <= 0
     assert len(tries) == 3 and policy.settled  # 3 rejections over 200 epochs
-    quick = Policy(W2, max_workers=4)  # the same run with pools that start for free: 0.025 + 0.004 a try
+    quick = Policy(W2, max_workers=4)  # the same run with pools that start for free: measured, 0.025 + 0.004 a try
     trace, _ = drive(quick, rates, 10, start_up=0.0, switch=0.0, bookkeeping=0.0)
-    assert [e for e, *_ in trace][:4] == ["warm-up", "try", "revert", "measure"]
+    assert [e for e, *_ in trace][:2] == ["warm-up", "measure"]  # a start-up not measured yet is assumed
+    measured = Policy(W2, max_workers=4)  # the warm-up measures a start-up of 1 us; two switches still assumed
+    trace, _ = drive(measured, rates, 20, start_up=1e-6, switch=0.0, bookkeeping=0.0)
+    events = [e for e, *_ in trace]  # 0.2155 s fits 2% of the 11th epoch; then the switch measured 0 s
+    assert events[:14] == ["warm-up"] + ["measure"] * 9 + ["try", "revert", "try", "revert"]
 
 
 def test_a_move_that_only_feeds_the_loader_is_not_tried_while_the_step_never_waits():
     """No stall worth chasing: a loader the step never waits on cannot make it MIN_GAIN faster by more
     workers, prefetch or persistence; a step-bound run only tries to give the step cores back."""
     none = LoaderConfig()
-    assert run(Policy(none, max_workers=2), [lambda c: obs(c, 10.0, stall=0.01)] * 2) == [
+    assert run(Policy(none, max_workers=2, explore_share=1), [lambda c: obs(c, 10.0, stall=0.01)] * 2) == [
         ("warm-up", none), ("settle", none)]
-    assert run(Policy(none, max_workers=2), [lambda c: obs(c, 10.0, stall=LOW)] * 2) == [
+    assert run(Policy(none, max_workers=2, explore_share=1), [lambda c: obs(c, 10.0, stall=LOW)] * 2) == [
         ("warm-up", none), ("try", W1.refit(multiprocessing_context=None))]
     plain = W2.refit(persistent_workers=False)  # fewer workers still pays for a step-bound run
-    assert run(Policy(plain, max_workers=2), [lambda c: obs(c, 10.0, stall=0.01)] * 2)[1] == (
+    assert run(Policy(plain, max_workers=2, explore_share=1), [lambda c: obs(c, 10.0, stall=0.01)] * 2)[1] == (
         "try", plain.refit(num_workers=1))
 
 
@@ -380,3 +399,132 @@ def test_a_slow_down_that_takes_the_main_processs_cores_tries_fewer_main_threads
     assert lost_a_little.decide(part(W2, 30.0, stall=LOW, cpu=1.2)).config == W1
     assert moves(W2, LOW, max_workers=2, cuda=False, threads=2, starved=True)[0] == ("fewer main threads", t1)
     assert moves(W2, LOW, max_workers=2, cuda=False, threads=None, starved=True)[0][0] == "fewer workers"
+
+
+Z = LoaderConfig()  # no workers: the competitor's recipe
+T1 = Z.refit(main_threads=1)
+POOL1 = LoaderConfig(num_workers=1, prefetch_factor=2, persistent_workers=True)  # "more workers" from Z
+
+
+def test_a_try_is_priced_by_its_kind_measured_or_assumed_never_by_another_kinds():
+    """Rule 5a: what a try cannot stop once started. A move of the main's threads stays on the pool and goes
+    back in place: nothing. A first pool from no workers: a switch there and back (assumed, none measured)
+    and its start-up (assumed: forked, or spawned); no incumbent pool to restart. Measured ones replace them."""
+    policy = Policy(Z, max_workers=2, threads=2)
+    assert policy.price(T1) == 0.0 and policy.way_back(T1) == 0.0
+    assert policy.price(POOL1) == pytest.approx(ASSUMED_SWITCH + ASSUMED_START_UP + ASSUMED_SWITCH)
+    assert policy.way_back(POOL1) == pytest.approx(ASSUMED_SWITCH)
+    spawned = POOL1.refit(multiprocessing_context="spawn")
+    assert policy.price(spawned) == pytest.approx(2 * ASSUMED_SWITCH + 2.0)
+    pooled = Policy(W2, max_workers=4, threads=2)  # an incumbent pool is restarted after a revert
+    pooled.decide(part(W2, 10.0, start_up=0.15, overhead=0.02))  # the warm-up measures its start-up
+    assert pooled.start_up == 0.15 and pooled.switch_seconds is None
+    assert pooled.price(W3) == pytest.approx(2 * ASSUMED_SWITCH + 2 * 0.15)
+    assert pooled.price(W2.refit(main_threads=1)) == 0.0
+    # the expectation: the price and the probe (a quarter of the incumbent's part) at the least loss
+    pooled.decide(part(W2, 10.0))
+    assert pooled.expected_cost(W3, pooled.stats[W2]) == pytest.approx(
+        pooled.price(W3) + 25 * 0.010 * (math.exp(LOSS) - 1))
+
+
+def loader_part(policy, config, ms, batches, *, start_up=0.0, overhead=0.0, probe=False, stall=0.5, cpu=0.0):
+    """A try's part as the loader reads it: after each batch it asks ``over_budget`` (rule 5b) and ends the
+    part there, ``capped``, when the answer is yes; otherwise the ``batches`` whole (as ``part``)."""
+    spb = ms / 1e3
+    for n in range(1, batches + 1):
+        if n < batches and policy.over_budget(config, start_up + n * spb, n, overhead):
+            return dataclasses.replace(part(config, ms, n, start_up=start_up, overhead=overhead, probe=probe,
+                                            stall=stall, cpu=cpu), capped=True)
+    return part(config, ms, batches, start_up=start_up, overhead=overhead, probe=probe, stall=stall, cpu=cpu)
+
+
+def test_a_try_that_passes_its_probe_is_ended_where_its_cost_no_longer_fits_the_budget():
+    """Rule 5b: a candidate within its probe's loss (4.6% slower, under the 6% reverted for) that is then 40%
+    slower for the rest of the epoch would have spent 0.08 s against an allowance of ~0.02 s: the loader ends
+    it at the batch where its extra and its way back no longer fit, the policy reverts it (a rejection),
+    and the ledger is then within 2% of the run plus that one batch's loss."""
+    policy = Policy(Z, max_workers=2, threads=2)
+    policy.decide(part(Z, 40.0, batches=32, stall=0.4, cpu=1.5))  # warm-up
+    for _ in range(25):  # 25 epochs of 32 ms batches: the first pool's 0.516 s price fits from the 26th
+        d = policy.decide(part(Z, 32.0, batches=32, stall=0.4, cpu=1.5))
+    assert (d.event, d.config) == ("try", POOL1)
+    assert policy.spent_seconds == 0.0 and policy.left() == pytest.approx(0.02 * (1.28 + 25 * 1.024))
+    probe_obs = loader_part(policy, POOL1, 32.0 * math.exp(0.045), 8, start_up=0.2, overhead=0.05, probe=True)
+    assert not probe_obs.capped
+    assert policy.decide(probe_obs).event == "continue"
+    spent = 0.05 + 0.2 + 8 * 0.032 * (math.exp(0.045) - 1)
+    assert policy.spent_seconds == pytest.approx(spent)
+    rest = loader_part(policy, POOL1, 44.8, 24)  # 40% slower: 12.8 ms over a batch
+    assert rest.capped and rest.batches < 24
+    # it crossed at that batch: its extra and the way back (the switch there, measured: 0.05 s) no longer fit;
+    # the batch before they did
+    assert policy.way_back(POOL1) == pytest.approx(0.05)
+    n = rest.batches
+    assert n == 20
+    assert spent + n * 0.0128 + 0.05 > 0.02 * (policy.seen_seconds + n * 0.0448)
+    assert spent + (n - 1) * 0.0128 + 0.05 <= 0.02 * (policy.seen_seconds + (n - 1) * 0.0448)
+    d = policy.decide(rest)
+    assert (d.event, d.config) == ("revert", Z) and "over its budget" in d.line
+    assert policy.rejections == 1 and POOL1 in policy.tried and policy.trying is None
+    policy.decide(part(Z, 32.0, batches=24 - n, overhead=0.05, stall=0.4, cpu=1.5))  # the rest, the way back
+    assert policy.spent_seconds == pytest.approx(spent + n * 0.0128 + 0.05)
+    assert policy.spent_seconds - EXPLORE_SHARE * policy.seen_seconds <= 0.0128  # at most that one batch's loss
+    assert POOL1 not in policy.stats  # a capped part is no figure of its configuration
+
+
+def test_a_drift_after_an_expensive_first_try_gets_a_try_by_the_epoch_after_it():
+    """benchmarks/adapt.py's competitor (the last quiet run): no workers; a first try of a pool spent the whole
+    allowance before the competitor; after the drift the cheap move (fewer main threads, in place, 2.4x
+    faster) waited three epochs for the allowance to grow. Now the pool's try is priced (assumed start-up)
+    and held by the budget as it runs, a thread move's price is nothing, and a drift drops the old tries'
+    costs: the thread move starts at the end of the epoch the drift was seen in, and is kept."""
+    policy = Policy(Z, max_workers=2, threads=2)
+    policy.decide(part(Z, 40.0, batches=32, stall=0.4, cpu=1.5))
+    for _ in range(25):
+        policy.decide(part(Z, 32.0, batches=32, stall=0.4, cpu=1.5))
+    assert policy.trying == ("more workers", POOL1)
+    # the expensive try: a start-up of 0.4 s (over the assumed 0.3), then twice as slow: ended by the budget
+    first = loader_part(policy, POOL1, 64.0, 8, start_up=0.4, overhead=0.05, probe=True)
+    assert first.capped and first.batches == 1
+    assert policy.decide(first).event == "revert"
+    policy.decide(part(Z, 32.0, batches=31, overhead=0.1, stall=0.4, cpu=1.5))  # the rest, restarted
+    # the ledger over 2% by the start-up's excess over its price and the one batch, no more
+    over = policy.spent_seconds - EXPLORE_SHARE * policy.seen_seconds
+    assert 0 < over <= (0.4 - ASSUMED_START_UP) + 0.032
+    assert policy.try_costs["pool"] == pytest.approx(policy.spent_seconds)
+    # the competitor, from the 9th batch of an epoch: three times slower, the main's CPU share a third
+    # (starved: fewer main threads leads); the loader ends the incumbent's part there (``drifting``)
+    assert policy.drifting(Z, 0.096)
+    d = policy.decide(part(Z, 96.0, batches=8, stall=0.15, cpu=0.5))
+    assert (d.event, d.config) == ("reopen", Z) and "fewer main threads would cost 0.02 s" in d.line
+    assert policy.try_costs == {}  # the pool's try, measured under the old conditions, is no expectation now
+    d = policy.decide(part(Z, 96.0, batches=24, stall=0.15, cpu=0.5))  # the rest of the drift's epoch
+    assert (d.event, d.config) == ("try", T1)  # the next epoch starts with it
+    assert policy.trying == ("fewer main threads", T1)
+    probe_obs = loader_part(policy, T1, 41.0, 8, probe=True, stall=0.3, cpu=0.9)
+    assert not probe_obs.capped and policy.decide(probe_obs).event == "continue"
+    rest = loader_part(policy, T1, 41.0, 24, stall=0.3, cpu=0.9)
+    assert not rest.capped  # faster: its extra only falls
+    assert policy.decide(rest).event == "keep" and policy.incumbent == T1
+
+
+def test_a_kept_moves_gain_is_not_banked_for_losing_to_the_new_incumbent():
+    """benchmarks/adapt.py's competitor (loaded): fewer main threads kept at 12x left the ledger at -5 s, which
+    then paid a whole probe of "more main threads" 12x slower than the new incumbent (2.5 s). Once kept, the
+    candidate is the incumbent the extra is counted against: the ledger goes to zero, and the next bad try is
+    ended within the allowance."""
+    z2 = Z.refit(main_threads=2)  # "more main threads" from T1: the split Z runs with, set
+    policy = Policy(Z, max_workers=2, threads=2, fixed=frozenset({"num_workers"}))
+    policy.decide(part(Z, 30.0, stall=LOW))
+    d = policy.decide(part(Z, 30.0, stall=LOW))
+    assert (d.event, d.config) == ("try", T1)
+    assert policy.decide(loader_part(policy, T1, 10.0, 25, probe=True, stall=LOW)).event == "continue"
+    assert policy.spent_seconds == pytest.approx(-0.5)  # 25 batches 20 ms under the incumbent
+    assert policy.decide(loader_part(policy, T1, 10.0, 75, stall=LOW)).event == "keep"
+    assert policy.spent_seconds == 0.0  # not -2 s
+    d = policy.decide(part(T1, 10.0, stall=LOW))
+    assert (d.event, d.config) == ("try", z2)
+    probe_obs = loader_part(policy, z2, 30.0, 25, probe=True, stall=LOW)
+    assert probe_obs.capped and probe_obs.batches == 9  # 0.020 n > 2% of (8 s + 0.030 n) from n = 9
+    assert policy.decide(probe_obs).event == "revert"
+    assert policy.spent_seconds - EXPLORE_SHARE * policy.seen_seconds <= 0.020  # at most the one batch

@@ -583,6 +583,49 @@ def test_a_candidates_probe_ends_a_quarter_into_its_epoch_and_a_revert_there_kee
     assert loader.epoch == 3
 
 
+class Capping(Policy):
+    """Tries P2, whose budget runs out after its third batch (``over_budget``, the policy's rule 5b, answered
+    from the batch count alone), then measures."""
+
+    def __init__(self):
+        super().__init__(LoaderConfig(), max_workers=2)
+        self.seen, self.asked = [], []
+
+    def over_budget(self, config, seconds, batches, overhead=0.0):
+        self.asked.append((config, batches))
+        return batches == 3
+
+    def decide(self, obs):
+        self.seen.append(obs)
+        if len(self.seen) == 1:
+            self.trying = ("more workers", P2)
+            return Decision(P2, "try", "s")
+        self.trying = None
+        return Decision(LoaderConfig(), "revert" if obs.capped else "measure", "s")
+
+
+def test_a_try_whose_budget_runs_out_ends_at_that_batch_and_the_incumbent_reads_the_rest(tmp_path):
+    """Rule 5b in the loader: after each batch of a try (its probe and its rest alike) the loader asks whether
+    it still fits the budget; at the first no, the part ends there, handed over ``capped`` however short, and
+    the incumbent takes the epoch on at the next batch: a plain loader's batches, one pool at a time. Nothing
+    is asked outside a try."""
+    path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig())
+    dataset = Numbers(160)  # 20 batches of 8: the probe would be 5; the budget ends the try at 3
+    loader = autotune.dataloader(dataset, path, adapt=True, shuffle=True, generator=torch.Generator().manual_seed(4))
+    loader.policy = Capping()
+    alive = []
+    got = batches(loader, 3, check=lambda lo: alive.append((lo.config.num_workers, workers_alive())))
+    plain = DataLoader(dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(4))
+    assert got == batches(plain, 3)
+    assert all(n == workers for workers, n in alive), alive
+    seen = [(o.config, o.batches, o.capped) for o in loader.policy.seen]
+    assert seen == [(LoaderConfig(), 20, False), (P2, 3, True), (LoaderConfig(), 17, False),
+                    (LoaderConfig(), 20, False)]
+    assert loader.policy.asked == [(P2, 1), (P2, 2), (P2, 3)]
+    assert [e.mid_epoch for e in loader.history.events] == [False, True, False, False]
+    loader.close()
+
+
 def test_a_stateful_resume_after_a_mid_epoch_switch_yields_exactly_the_remaining_batches(tmp_path):
     from torchdata.stateful_dataloader import StatefulDataLoader
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from autotune._units import format_bytes
 from autotune.machine import usable_cpus
 from autotune.process import _family as allocators
 
@@ -169,6 +170,9 @@ def test_memory_limit(results):
     assert "memory.limit_in_bytes" in case["limit"]["source"] or "memory.max" in case["limit"]["source"]
     assert set(case["search"]).issuperset({"wall_s", "config", "measured", "cgroup"})
     assert {"points", "best", "evaluated"} <= set(case["grid"])
+    budget = format_bytes(case["memory_budget"])  # the search's: the grid is judged by the search's own plan
+    for point in case["grid"]["evaluated"]:
+        assert "memory budget" not in point.get("failed", "") or f"memory budget of {budget}" in point["failed"]
     for name, row in case["rows"].items():
         assert set(row).issuperset({"au", "au_steady", "total_s", "epoch_s", "cgroup_peak_bytes", "oom_killed"}), name
         assert row["oom_killed"] == 0, name  # 128 JPEGs fit: nothing is killed

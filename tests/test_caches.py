@@ -169,6 +169,37 @@ def test_parallel_build_is_exact(backend, tmp_path):
     assert_exact(cache, ds)
 
 
+_BUILDER = [0]  # set at run time by the building process: a forked worker inherits it, a fresh interpreter does not
+
+
+class BuildersMark(torch.utils.data.Dataset):
+    """Each sample is the building process's mark as the process that read it sees it."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.tensor([_BUILDER[0], i])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", caches.disk_names())
+def test_a_builds_workers_are_forked_whatever_the_processs_default_start_method(backend, tmp_path):
+    """A trial process is started by the search's forkserver, or spawned for a preloaded allocator, and
+    multiprocessing makes that method the trial's default: a build's workers left to it were fresh interpreters
+    (165-205 MiB each, importing torch again) where the memory plan counts forked ones (tuner/_memory_plan.py)."""
+    before = multiprocessing.get_start_method(allow_none=True)
+    _BUILDER[0] = os.getpid()
+    try:
+        multiprocessing.set_start_method("spawn", force=True)
+        cache = caches.get_backend(backend).build(BuildersMark(), range(4), tmp_path / "c", manifest={},
+                                                  progress=False, workers=2)
+        assert [cache[k].tolist() for k in range(4)] == [[os.getpid(), k] for k in range(4)]
+    finally:
+        _BUILDER[0] = 0
+        multiprocessing.set_start_method(before, force=True)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("workers", [0, 2])

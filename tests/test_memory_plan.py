@@ -31,8 +31,10 @@ SPACE = Space(max_workers=8, contexts=("fork", "forkserver", "spawn"), prefetch_
 
 def test_the_need_of_each_kind_of_trial():
     assert MEMORY.need(DEFAULT) == 40 * MIB
-    assert MEMORY.need(LoaderConfig(allocator="tcmalloc")) == 140 * MIB  # spawned: an interpreter of its own
-    assert MEMORY.need(LoaderConfig(allocator="glibc-tuned")) == 40 * MIB  # mallopt: forked from the server
+    # spawned: an interpreter of its own; and tcmalloc keeps what it frees: without workers, four batches
+    assert MEMORY.need(LoaderConfig(allocator="tcmalloc")) == 140 * MIB + 2 * 10 * MIB
+    assert MEMORY.need(LoaderConfig(allocator="jemalloc")) == 140 * MIB  # spawned; returns what it frees
+    assert MEMORY.need(LoaderConfig(allocator="glibc-tuned")) == 60 * MIB  # forked from the server; keeps four
     assert MEMORY.need(LoaderConfig(num_workers=3, prefetch_factor=1)) == 40 * MIB + 3 * 26 * MIB
     assert MEMORY.need(LoaderConfig(num_workers=1, prefetch_factor=8)) == 40 * MIB + 96 * MIB
     assert MEMORY.need(LoaderConfig(num_workers=1, prefetch_factor=1, multiprocessing_context="spawn")) == 170 * MIB
@@ -63,6 +65,48 @@ def test_a_cache_built_before_the_first_epoch_counts_its_builds_workers_not_the_
     assert replace(built, budget=180 * MIB - 1).over_budget(LoaderConfig(cache="hdf5")) == (
         "not tried: it would hold ~180.0 MiB, over the memory budget of 180.0 MiB (the cgroup memory limit of "
         "700.0 MiB (test))")
+
+
+def test_a_trials_resource_tracker_is_counted_once_per_trial_and_never_per_worker():
+    """Every trial starts its own resource tracker (tuner/_runner.py), an exec'd interpreter the guard counts whole
+    (machine.tree_memory): 6 MiB (this machine's: 6 MiB forked, 11 MiB with tcmalloc preloaded) once per trial, in
+    both phases, whatever its workers, and once per rank."""
+    tracked = replace(MEMORY, tracker=6 * MIB)
+    assert tracked.need(DEFAULT) == 46 * MIB
+    assert tracked.need(LoaderConfig(allocator="jemalloc")) == 146 * MIB
+    assert tracked.need(LoaderConfig(num_workers=3, prefetch_factor=1)) == 46 * MIB + 3 * 26 * MIB
+    assert tracked.worker("fork", 1) == MEMORY.worker("fork", 1) == 26 * MIB
+    built = replace(tracked, sample_bytes=MIB, build_workers=2)
+    assert built.need(LoaderConfig(cache="hdf5")) == 186 * MIB  # the build's 180 and the tracker beside it
+    assert replace(tracked, ranks=2).need(DEFAULT) == 92 * MIB
+    assert replace(tracked, budget=46 * MIB - 1).over_budget(DEFAULT) == (
+        "not tried: it would hold ~46.0 MiB, over the memory budget of 46.0 MiB (the cgroup memory limit of "
+        "700.0 MiB (test))")
+
+
+def test_an_allocator_that_keeps_what_it_frees_holds_the_main_processs_peak_without_workers():
+    """Without workers the main process collates each batch from its samples while the last one is consumed; glibc
+    unmaps each freed 36.8 MiB batch, tcmalloc and glibc-tuned keep them (measured: 148 and 147-155 MiB over the
+    process's start against 74 under glibc), so the plan holds KEPT_BATCHES_IN_MAIN batches for those. With workers
+    the main process receives its batches in shared memory, which no allocator keeps: the two of any trial."""
+    from autotune.process import get_allocator
+    from autotune.tuner._memory_plan import BATCHES_IN_MAIN, KEPT_BATCHES_IN_MAIN
+
+    assert (BATCHES_IN_MAIN, KEPT_BATCHES_IN_MAIN) == (2, 4)
+    assert [name for name in ("glibc", "glibc-tuned", "tcmalloc", "jemalloc") if get_allocator(name).keeps_freed] == [
+        "glibc-tuned", "tcmalloc"]
+    assert TrialMemory.main_batches(LoaderConfig(allocator="tcmalloc")) == 4
+    assert TrialMemory.main_batches(LoaderConfig(allocator="glibc-tuned")) == 4
+    assert TrialMemory.main_batches(LoaderConfig(allocator="jemalloc")) == TrialMemory.main_batches(DEFAULT) == 2
+    worked = LoaderConfig(num_workers=1, prefetch_factor=1, allocator="tcmalloc")
+    assert TrialMemory.main_batches(worked) == 2
+    assert MEMORY.need(worked) == 140 * MIB + 26 * MIB  # the spawned trial, its two batches and a forked worker
+    assert MEMORY.need(LoaderConfig(num_workers=1, prefetch_factor=1, allocator="glibc-tuned")) == 40 * MIB + 26 * MIB
+    # a build phase holds chunks, not batches: the larger phase counts, the training's now 20 + 4 x 10 = 60 MiB
+    built = replace(MEMORY, sample_bytes=MIB, build_workers=2)
+    assert built.need(LoaderConfig(cache="hdf5", allocator="glibc-tuned")) == 180 * MIB  # the build's, as glibc's
+    assert built.need(LoaderConfig(cache="memory", allocator="glibc-tuned"), cache_bytes=50 * MIB) == 120 * MIB  # 70
+    assert replace(built, build_workers=0).need(LoaderConfig(cache="hdf5", allocator="glibc-tuned")) == 60 * MIB
 
 
 def test_fit_space_cuts_workers_and_start_methods_with_a_note_each():
@@ -285,7 +329,9 @@ def test_the_heap_is_measured_by_a_probe_forked_from_the_resident_forkserver():
                           ranks=1, max_memory=300 * MIB)
     assert waiting_forkserver() == forkserver_pid() is not None  # the probe waited for the server's imports
     assert 0 < memory.heap < memory.interpreter  # a fork writes a part of the interpreter it shares
-    assert memory.need(DEFAULT) == memory.heap + memory.dataset + 2 * 64
+    # the probe started its own resource tracker, as a trial does: a small interpreter without torch, counted apart
+    assert 0 < memory.tracker < memory.heap
+    assert memory.need(DEFAULT) == memory.heap + memory.tracker + memory.dataset + 2 * 64
     assert memory.need(LoaderConfig(num_workers=2, prefetch_factor=2)) == memory.need(DEFAULT) + 2 * (memory.heap + 128)
     # the cut follows the measured heap: at 47 MiB (this machine's probe) two of the test space's workers fit
     assert fit_space(SPACE, replace(MEMORY, heap=47 * MIB))[0].max_workers == 2  # 47 + 4 + 20 + 2 x 57 = 185 of 200

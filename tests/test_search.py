@@ -34,6 +34,7 @@ def spec_for(dataset, batch_size: int = 8, epochs: int = 2) -> UserSpec:
 
 def options(tmp_path, budget: float, **kw) -> SearchOptions:
     kw.setdefault("caches", ("none",))
+    kw.setdefault("max_rounds", 2)  # the fewest finalist rounds: no test here reads the interval they narrow
     kw.setdefault("allocators", ("glibc",))
     return SearchOptions(budget=budget, workdir=tmp_path / ".autotune", progress=False, **kw)
 

@@ -23,6 +23,7 @@ def spec_for(dataset, epochs=2):
 
 def opts(tmp_path, budget, **kw):
     kw.setdefault("allocators", ("glibc",))
+    kw.setdefault("max_rounds", 2)  # the fewest finalist rounds: no test here reads the interval they narrow
     kw.setdefault("caches", ("none",))
     return SearchOptions(budget=budget, workdir=tmp_path / ".autotune", progress=False, **kw)
 

@@ -33,15 +33,43 @@ The rules (a hill climb, as tf.data's and MindSpore's, with a significance test)
    over running the incumbent: the loader's own time outside the clocks (``overhead_seconds``: its
    bookkeeping, a switch's shut-down and new loader), each candidate part's whole wall (its new pool's
    start-up included) over the incumbent's seconds per batch, and the incumbent's restart after a revert.
-   A try starts only when its expected whole cost fits what is left of ``EXPLORE_SHARE`` of the run so
-   far (``seen_seconds``), the first try too; the expectation is the last rejected try's measured cost
-   of its kind (a new pool, or the thread split alone), at least its probe at the least loss it is
-   reverted for plus, for a new pool, two start-ups and two switches as measured in this run. So the
-   invariant: the adapting run's extra wall time over the incumbent's (the fixed run's, where the recipe
-   is the best) never exceeds ``EXPLORE_SHARE`` of the run so far plus the one try under way, as long as
-   the bookkeeping alone stays within it. A move that only feeds the loader (more workers, prefetch,
-   persistence, pinning, worker threads) is not tried while the stall is under ``MIN_GAIN``: removing
-   every wait could not make the epoch as much faster as a switch is kept for.
+   What is left (``left``) is ``EXPLORE_SHARE`` of the run so far (``seen_seconds``) less the ledger. A
+   kept move's gain is not banked: once kept, the candidate is the incumbent the run's extra is counted
+   against, and what it saved over the old one (its parts charged at the old rate, below zero) is the run's
+   gain over the fixed run, not an allowance for losing to the new incumbent (the ledger goes to zero).
+
+   The invariant: **the adapting run's extra wall time over the incumbent's (the fixed run's, where the
+   recipe is the best) never exceeds ``EXPLORE_SHARE`` of the run so far, plus the loss of the one batch
+   of a try that crossed it and whatever a pool's start-up or a switch took beyond its price**, as long as
+   the bookkeeping alone stays within it. The mechanism, in two parts:
+
+   a. A try's way back is reserved before it starts, priced by its kind (``price``): a move of the main
+      process's threads alone stays on the pool and goes back in place (nothing to reserve); a move to
+      another pool pays a switch there and back and the new pool's start-up, and, where the incumbent has
+      workers, their start-up again after the revert. Each start-up and switch is this run's measured one
+      (``start_up``, ``switch_seconds``), and before one was measured an assumed one (``ASSUMED_START_UP``
+      for forked workers, ``ASSUMED_SPAWN_START_UP`` for spawned ones, ``ASSUMED_SWITCH``), never the last
+      try of another kind (a thread move costs no start-up; a first pool from no workers was priced by
+      nothing and cost 20x its price). A try starts only when its price and its probe at the least loss it
+      is reverted for fit ``left`` (``expected_cost``: at least the last rejected try's cost of its kind).
+   b. While a try runs, the loader asks ``over_budget`` after every batch: when the try's measured extra
+      so far and its reserved way back no longer fit ``left``, the loader ends the part there (``capped``)
+      and the policy reverts it, a rejection. So no try can spend more than the run has left, whatever its
+      probe let through (a candidate within a noisy probe's loss that is slower for the rest of the epoch).
+
+   A try is thus held by the budget as it runs, not only by its expectation, and the allowance left after
+   one is what the run earned, so a drift that needs a cheap move (the thread split, in place) finds it as
+   soon as ``left`` covers the move's probe: the probe's floor is ``LOSS`` of a quarter of a part and the
+   allowance grows by ``EXPLORE_SHARE`` of each batch's time, so even from a ledger at its bound the move is
+   affordable after about 0.8 of a part: at the end of the epoch the drift was seen in, or of the next one
+   (a try starts at a part's end). A drift also drops the tries' measured costs (``try_costs``: taken under the old
+   conditions; the probe's floor is priced at the new rate), but never the ledger: the seconds spent are
+   the run's. Under torch.distributed (the ranks' parts must end together) and without an owned index
+   stream (no part ends mid-epoch) nothing ends a try early, and the bound is plus the one try under way.
+
+   A move that only feeds the loader (more workers, prefetch, persistence, pinning, worker threads) is not
+   tried while the stall is under ``MIN_GAIN``: removing every wait could not make the epoch as much faster
+   as a switch is kept for.
 6. ``observe`` mode measures and never moves. A move ``allowed`` refuses (memory, /dev/shm) is skipped;
    a configuration whose workers failed (``crashed``) is never tried again in the run.
 
@@ -73,6 +101,12 @@ STALL_HIGH = 0.1  # above: the step waits for the loader
 SATURATED = 0.8  # the main's CPU seconds per wall second, per thread it has, from which its threads are all busy
 LOSS = 0.06  # the least slow-down a probe is reverted for (log scale, ~6%)
 EXPLORE_SHARE = 0.02  # the most of the run's time so far its extra wall time over the incumbent's may be
+# A pool's start-up and a switch before this run measured one (rule 5a), assumed on the high side: a forked
+# pool's start is a fork and its first batch (tenths of a second or less for benchmarks/adapt.py's workload), a
+# spawned one imports torch first (seconds); a switch joins the old pool's workers and makes a loader.
+ASSUMED_START_UP = 0.3
+ASSUMED_SPAWN_START_UP = 2.0
+ASSUMED_SWITCH = 0.1
 STARVED = 0.75  # a slow-down with the main's CPU share below this fraction of its share before: cores lost
 # (two busy processes on 2 CPUs leave the main's two threads one CPU between them: 1 of its ~1.5 before, where
 # its spinning threads keep their CPU time a batch; a heavier step raises the share)
@@ -106,6 +140,7 @@ class EpochObservation:
     main_cpu_seconds: float = 0.0  # the main process's CPU time over the epoch, all its threads (0: unknown)
     probe: bool = False  # a candidate's first part (rule 4): judged for a clear loss only
     overhead_seconds: float = 0.0  # the loader's own wall time outside the clocks since the previous observation
+    capped: bool = False  # a try's part the loader ended because it no longer fit the budget (rule 5b)
 
     def then(self, rest: EpochObservation) -> EpochObservation:
         """This probe and the ``rest`` of its epoch (or part) as one observation; the chunks are the rest's,
@@ -254,8 +289,8 @@ class Policy:
         self.seen_seconds = 0.0  # the run's wall time so far: every observation and the loader's own time
         self.spent_seconds = 0.0  # rule 5's ledger: the run's measured wall time over the incumbent's
         self.try_costs: dict[str, float] = {}  # the last rejected try's whole cost, by kind ("pool", "threads")
-        self.start_up = 0.0  # the latest fresh pool's start-up, measured
-        self.switch_seconds = 0.0  # the loader's own time around the latest change of pool, measured
+        self.start_up: float | None = None  # the latest fresh pool's start-up, measured (None: not yet)
+        self.switch_seconds: float | None = None  # the loader's own time around the latest change of pool
         self.starved = False  # the incumbent's last slow-down left the main short of cores (``STARVED``)
         self._previous: LoaderConfig | None = None  # the configuration of the previous observation
         self._open: tuple[str, float] | None = None  # the try being accounted: its kind, the ledger before it
@@ -270,8 +305,8 @@ class Policy:
         it is charged against is the one before it)."""
         self.seen_seconds += obs.seconds + obs.overhead_seconds
         self.spent_seconds += obs.overhead_seconds  # a fixed loader has no bookkeeping and no switch
-        if obs.fresh_pool and obs.config.num_workers:
-            self.start_up = obs.start_up_seconds
+        if obs.fresh_pool and obs.config.num_workers:  # a one-batch part (capped): its whole first wait
+            self.start_up = obs.start_up_seconds if obs.batches > 1 else obs.first_wait_seconds
         if self._previous is not None and not same_pool(self._previous, obs.config):
             self.switch_seconds = obs.overhead_seconds
         self._previous = obs.config
@@ -290,15 +325,57 @@ class Policy:
                 self.try_costs[kind] = self.spent_seconds - before
                 self._open = None
 
+    def start_up_price(self, config: LoaderConfig) -> float:
+        """What starting ``config``'s pool is priced at (rule 5a): this run's measured start-up, else the
+        assumed one of its start method; nothing without workers."""
+        if not config.num_workers:
+            return 0.0
+        if self.start_up is not None:
+            return self.start_up
+        forked = config.multiprocessing_context in (None, "fork")
+        return ASSUMED_START_UP if forked else ASSUMED_SPAWN_START_UP
+
+    def switch_price(self) -> float:
+        """A change of pool's own time (shut-down, a new loader): measured in this run, else assumed."""
+        return ASSUMED_SWITCH if self.switch_seconds is None else self.switch_seconds
+
+    def way_back(self, config: LoaderConfig) -> float:
+        """What going back from ``config`` to the incumbent costs beyond the fixed run (rule 5a): nothing on
+        the same pool (the threads move in place), else a switch and the incumbent's pool started again."""
+        if same_pool(self.incumbent, config):
+            return 0.0
+        return self.switch_price() + self.start_up_price(self.incumbent)
+
+    def price(self, config: LoaderConfig) -> float:
+        """A try's costs nothing can stop once they start (rule 5a): the switch there, the new pool's
+        start-up and the way back; nothing for a move of the main's threads alone."""
+        if same_pool(self.incumbent, config):
+            return 0.0
+        return self.switch_price() + self.start_up_price(config) + self.way_back(config)
+
+    def left(self, seconds: float = 0.0) -> float:
+        """What the budget has left (rule 5), ``seconds`` more of the run counted in."""
+        return self.explore_share * (self.seen_seconds + seconds) - self.spent_seconds
+
     def expected_cost(self, config: LoaderConfig, incumbent: _Stats) -> float:
-        """What trying ``config`` from the incumbent is expected to cost in all (rule 5): the last rejected
-        try's measured cost of its kind, at least its probe at the least loss it is reverted for and, for a
-        new pool, two start-ups and two switches (there and back) as measured in this run."""
+        """What trying ``config`` from the incumbent is expected to cost in all (rule 5a): its price and its
+        probe at the least loss it is reverted for, at least the last rejected try's measured cost of its
+        kind (since the last drift)."""
         kind = "threads" if same_pool(self.incumbent, config) else "pool"
-        floor = probe_batches(self._part) * incumbent.epochs[-1] * (math.exp(LOSS) - 1)
-        if kind == "pool":
-            floor += 2 * (self.start_up + self.switch_seconds)
+        floor = probe_batches(self._part) * incumbent.epochs[-1] * (math.exp(LOSS) - 1) + self.price(config)
         return max(floor, self.try_costs.get(kind, 0.0))
+
+    def over_budget(self, config: LoaderConfig, seconds: float, batches: int, overhead: float = 0.0) -> bool:
+        """Rule 5b, asked by the loader after each batch of a part under way: whether the try of ``config``,
+        ``batches`` batches in ``seconds`` into its part (``overhead``: the loader's own time before it, not yet
+        in the ledger), with its way back, no longer fits the budget. Never outside a try, nor unbounded."""
+        if self.trying is None or config != self.trying[1] or self.explore_share >= 1:
+            return False
+        incumbent = self.stats.get(self.incumbent)
+        if incumbent is None or not incumbent.epochs:
+            return False
+        extra = overhead + seconds - incumbent.epochs[-1] * batches + self.way_back(config)
+        return extra > self.left(seconds + overhead)
 
     def _record(self, obs: EpochObservation) -> _Stats:
         stats = self.stats.setdefault(obs.config, _Stats())
@@ -365,6 +442,8 @@ class Policy:
             self._part = obs.batches
             return Decision(self.incumbent, "warm-up", "the first epoch warms up (files, caches, workers)")
         if self.trying is not None and obs.config == self.trying[1]:
+            if obs.capped and not self.observe:
+                return self._capped(obs)
             if obs.probe:
                 return self._probe(obs)
             if self.probed is not None:
@@ -399,7 +478,7 @@ class Policy:
         now, before = incumbent.epochs[-1], incumbent.epochs[-2]
         if abs(math.log(now / before)) <= max(DRIFT, 2 * self.noise()):
             return None
-        self.rejections, self.tried, self.skipped = 0, set(), {}
+        self.rejections, self.tried, self.skipped, self.try_costs = 0, set(), {}, {}
         self.starved = self._starved(incumbent, before)
         self.stats[self.incumbent] = _Stats([now], incumbent.chunks, incumbent.stall, incumbent.cpu_share)
         return f"conditions changed: {now * 1e3:.2f} ms a batch against {before * 1e3:.2f} before"
@@ -428,6 +507,16 @@ class Policy:
         self.trying, self._restarted, self._after_revert = None, True, True
         return self._rejected(name, config, figures)
 
+    def _capped(self, obs: EpochObservation) -> Decision:
+        """Rule 5b: the try's part ended where its extra and its way back no longer fit the budget; reverted
+        there (a rejection: it cost more than the run could pay), the incumbent takes the rest of the epoch."""
+        assert self.trying is not None
+        name, config = self.trying
+        self.trying, self.probed, self._restarted, self._after_revert = None, None, True, True
+        figures = (f"over its budget after {obs.batches} batches ({self.spent_seconds:.2f} s spent of "
+                   f"{self.explore_share:.0%} of {self.seen_seconds:.2f} s)")
+        return self._rejected(name, config, figures)
+
     def _rejected(self, name: str, config: LoaderConfig, figures: str) -> Decision:
         self.tried.add(config)
         self.rejections += 1
@@ -449,6 +538,7 @@ class Policy:
         if gain > need:
             self.incumbent, self.kept_move, self.rejections = config, name, 0
             self.tried, self._open, self.starved = set(), None, False
+            self.spent_seconds = max(0.0, self.spent_seconds)  # rule 5: a kept move's gain is not banked
             return Decision(config, "keep", f"{name}: {figures}: kept")
         self._after_revert = True
         return self._rejected(name, config, figures)
@@ -471,7 +561,7 @@ class Policy:
                 self.skipped[config] = why
                 continue
             expected = self.expected_cost(config, incumbent)
-            left = self.explore_share * self.seen_seconds - self.spent_seconds
+            left = self.left()
             if self.explore_share < 1 and expected > left:  # rule 5: the run has to grow first
                 return Decision(self.incumbent, "measure",
                                 f"exploration waits: {name} would cost {expected:.2f} s, "
@@ -495,6 +585,7 @@ class Policy:
         crossed = (incumbent.stall > STALL_HIGH) != (self.settled_stall > STALL_HIGH)
         if change > max(DRIFT, 2 * self.noise()) or crossed:
             self.settled, self.rejections, self.tried, self.skipped = False, 0, set(), {}
+            self.try_costs = {}  # measured under the conditions before (rule 5): the floors price the new ones
             self.starved = self._starved(incumbent, self.reference)
             self.stats[self.incumbent] = _Stats([now], incumbent.chunks, incumbent.stall, incumbent.cpu_share)
             decision = self._next_move(self.stats[self.incumbent])

@@ -130,7 +130,7 @@ class RankSync:
         return EpochObservation(config=obs.config, batches=int(v[3]), seconds=v[0], wait_seconds=v[1],
                                 first_wait_seconds=v[2], chunk_seconds=tuple(c for c in v[6:] if c > 0),
                                 fresh_pool=obs.fresh_pool, main_cpu_seconds=v[4], probe=obs.probe,
-                                overhead_seconds=v[5])
+                                overhead_seconds=v[5], capped=obs.capped)
 
     def broadcast(self, decision: Decision | None) -> Decision:
         payload = [None if decision is None else
@@ -381,6 +381,17 @@ class AdaptiveLoader:
         self._drift_epoch = self.epoch
         return True
 
+    def _budget_ends(self, pending: _Pending, total: int | None) -> bool:
+        """Whether a try's part ends now because its extra so far and its way back no longer fit the run's
+        exploration budget (the policy's rule 5b, ``over_budget``), asked after each of its batches; the
+        incumbent then takes the rest of the epoch. Only with an owned index stream and a known length (the
+        epoch goes on), and not with several ranks, whose parts must end together and whose clocks are
+        each their own (a try there is bounded by its expected cost alone)."""
+        if self._sync is not None or self._stream is None or total is None or self.policy.trying is None:
+            return False
+        seconds = pending.clock.now() - pending.start
+        return self.policy.over_budget(pending.config, seconds, len(pending.marks), self._outside)
+
     def _new_pending(self, clock: HostClock, fresh: bool) -> _Pending:
         probe, self._trial = self._trial, False
         return _Pending(clock, [], clock.now(), self.config, fresh, probe=probe, chunk=self._chunk)
@@ -437,11 +448,12 @@ class AdaptiveLoader:
                     # whole by count: a training loop that knows len (Lightning) never asks past the last batch
                     self._pending = pending
                 yield batch
-                probe = self._probe_ends(pending, position, total)
-                if self._pending is not pending and (probe or self._boundary(position, total)
+                capped = self._pending is not pending and self._budget_ends(pending, total)
+                probe = not capped and self._probe_ends(pending, position, total)
+                if self._pending is not pending and (capped or probe or self._boundary(position, total)
                                                      or self._drift_ends(pending, position, total)):
                     loader = self._loader
-                    self._end(pending, clock.now(), mid_epoch=True, probe=probe)
+                    self._end(pending, clock.now(), mid_epoch=True, probe=probe, capped=capped)
                     if self._loader is not loader:
                         iterator = None  # stopped: the next loader continues the epoch
                     pending = self._new_pending(clock, self._fresh)
@@ -504,14 +516,15 @@ class AdaptiveLoader:
         if pending is not None:
             self._end(pending, ended if ended is not None else pending.estimated_end())
 
-    def _end(self, pending: _Pending, end: float, *, mid_epoch: bool = False, probe: bool = False) -> None:
+    def _end(self, pending: _Pending, end: float, *, mid_epoch: bool = False, probe: bool = False,
+             capped: bool = False) -> None:
         began = time.perf_counter()  # from here to the next part's clock: the loader's own time (a switch too)
         waits = pending.clock.epoch_waits()
-        if len(waits) >= MIN_BATCHES:
+        if len(waits) >= MIN_BATCHES or (capped and waits):  # a capped try's part is the policy's however short
             self._completed.add(pending.config)
             obs = _epoch_stats(waits, pending.marks, pending.start, end, pending.config, pending.fresh,
                                time.process_time() - pending.cpu_start, pending.chunk)
-            obs = dataclasses.replace(obs, probe=probe, overhead_seconds=self._outside)
+            obs = dataclasses.replace(obs, probe=probe, overhead_seconds=self._outside, capped=capped)
             self._outside = 0.0
             self._end_epoch(obs, mid_epoch)
         self._outside += time.perf_counter() - began

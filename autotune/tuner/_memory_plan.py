@@ -1,6 +1,9 @@
 """What a trial costs in memory, planned against the job's budget before the trial starts.
 
-The invariant: **the search never exceeds the job's memory by its own planning.** The budget is 70% of
+The invariant: **the search never exceeds the job's memory by its own planning**, and so **a trial the plan admits
+stays under the budget the guard enforces**, for every backend x allocator x start method: the plan counts every
+process of the trial's tree that the guard reads (``machine.tree_memory``), at that process's peak as its
+allocator keeps it. The budget is 70% of
 what the job had left once the search and its trial forkserver were resident (``machine._memory``); every
 candidate's processes are counted against it before any is started, from figures the running search
 measured, and what cannot fit is not tried, with a note, instead of being left to the kernel's OOM killer
@@ -10,11 +13,14 @@ measured, and what cannot fit is not tried, with a note, instead of being left t
   read and the trial shares them, so they are not what it adds (and the runner's guard and the trial's own
   figure count the same: ``machine.tree_memory`` takes the shared pages off the tree's PSS); a trial spawned
   for a preloaded allocator is a fresh interpreter, and holds one whole;
+- its own resource tracker (``tracker``: an exec'd interpreter without torch, which the guard counts whole; measured
+  with the heap, 6 MiB here);
 - ``heap``: what a process forked from a resident interpreter writes of the pages it shares once it has run
   (measured at the search's start: a probe forked from the forkserver runs a full collection, which writes
   every object's header, and ``tree_memory`` reads what it adds; ``tuner._runner.fork_charges``); then the
   dataset as it unpickles it and ``BATCHES_IN_MAIN`` batches (the one being consumed and the one collated or
-  received);
+  received; ``KEPT_BATCHES_IN_MAIN`` without workers under an allocator that keeps what it frees, which holds the
+  main process's peak: ``Allocator.keeps_freed``);
 - per DataLoader worker, its prefetched batches (``prefetch_factor`` of them, in shared memory the job is
   charged for) and ``heap`` (a forked worker is such a process); a spawned or forkserver worker is a fresh interpreter
   holding its own copy of the dataset, and forkserver workers add their server's interpreter once;
@@ -36,16 +42,20 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from autotune._units import format_bytes
-from autotune.caches import READ_CHUNK
+from autotune.caches import READ_CHUNK, estimate_need
 from autotune.config import DEFAULT, LoaderConfig, cache_backend
 from autotune.errors import AutotuneError
 from autotune.machine import BUDGET_SHARE
 from autotune.process import get_allocator
 from autotune.tuner._space import Space
 
-__all__ = ["BATCHES_IN_MAIN", "MemoryTooSmall", "TrialMemory", "fit_space"]
+__all__ = ["BATCHES_IN_MAIN", "KEPT_BATCHES_IN_MAIN", "MemoryTooSmall", "TrialMemory", "fit_space",
+           "memory_cache_bytes"]
 
 BATCHES_IN_MAIN = 2
+# Without workers, an allocator that keeps freed blocks (``Allocator.keeps_freed``) holds the main process's peak:
+# the batch consumed, the next one's samples and their collation, and one more it keeps apart (measured: 4 batches).
+KEPT_BATCHES_IN_MAIN = 4
 FRESH_CONTEXTS = ("spawn", "forkserver")  # DataLoader start methods whose workers are fresh interpreters
 
 
@@ -67,6 +77,7 @@ class TrialMemory:
     limit_text: str = "the host's memory"  # JobMemory.describe_limit()
     sample_bytes: int = 0  # one decoded sample (what a cache stores), for a build's samples in flight
     build_workers: int = 0  # the processes a cache built before the first epoch decodes on (Plan.build_workers)
+    tracker: int = 0  # the trial's own resource tracker, an exec'd process of its tree (tuner/_runner.py, measured)
 
     def worker(self, context: str | None, prefetch: int | None) -> int:
         """One DataLoader worker's own memory."""
@@ -80,12 +91,20 @@ class TrialMemory:
         workers = n * self.worker(config.multiprocessing_context, config.prefetch_factor)
         if n and config.multiprocessing_context == "forkserver":
             workers += self.interpreter  # the DataLoader's own forkserver
-        training = self._main(config) + BATCHES_IN_MAIN * self.batch_bytes + workers
+        training = self._main(config) + self.main_batches(config) * self.batch_bytes + workers
         return max(1, self.ranks) * (max(training, self._build(config)) + cache_bytes)
 
+    @staticmethod
+    def main_batches(config: LoaderConfig) -> int:
+        """The batches the trial's main process holds while it trains: the one being consumed and the one collated
+        or received; without workers, under an allocator that keeps what it frees, the peak it collated at."""
+        if not config.num_workers and get_allocator(config.process_settings().allocator).keeps_freed:
+            return KEPT_BATCHES_IN_MAIN
+        return BATCHES_IN_MAIN
+
     def _main(self, config: LoaderConfig) -> int:
-        """The trial's own process, before any batch."""
-        main = self.heap + self.dataset
+        """The trial's own processes, before any batch: its own and its resource tracker."""
+        main = self.heap + self.dataset + self.tracker
         if get_allocator(config.process_settings().allocator).preloaded:
             main += self.interpreter  # spawned, not forked from the server (tuner/_runner.py: _context_for)
         return main
@@ -126,6 +145,15 @@ class TrialMemory:
                 f"{format_bytes(self.batch_bytes)}). Raise the memory limit by at least "
                 f"~{format_bytes(short)} (or --max-memory), or search with a smaller "
                 "batch size.")
+
+
+def memory_cache_bytes(config: LoaderConfig, sample_bytes: float, length: int) -> int:
+    """One rank's memory cache of ``config``'s whole run (its share of ``length`` samples), 0 without one: what
+    ``TrialMemory.need`` holds beside the trial's processes."""
+    if config.cache is None or not cache_backend(config.cache).in_memory:
+        return 0
+    whole = estimate_need(config.cache, sample_bytes, length)[0]
+    return int(whole * (config.cache_share or 1.0))
 
 
 def _most_workers(memory: TrialMemory, space: Space, context: str) -> int:

@@ -124,7 +124,7 @@ def trial_memory(spec: UserSpec, batch_bytes: int, ranks: int, max_memory: int |
     return TrialMemory(budget=max_memory or memory.budget(), interpreter=charges.interpreter,
                        heap=charges.forked, dataset=pickled_size(spec.dataset), batch_bytes=batch_bytes,
                        ranks=ranks, available=memory.available, limit_text=memory.describe_limit(),
-                       sample_bytes=int(sample_bytes), build_workers=build_workers)
+                       sample_bytes=int(sample_bytes), build_workers=build_workers, tracker=charges.tracker)
 
 
 def _prepare_map_style(spec: UserSpec, opts: SearchOptions) -> Setup:

@@ -96,15 +96,17 @@ def _expendable_forkserver() -> None:
 
 
 def _probe_main(conn: Any) -> None:
-    """Forked from the trials' forkserver as a trial is, it writes what a running process writes of the
-    interpreter it shares (the collector walks every object, writing each one's header, as a trial's or a
-    worker's collections do), then waits to be measured."""
+    """Forked from the trials' forkserver as a trial is, it starts its own resource tracker as a trial does
+    (``_own_resource_tracker``) and writes what a running process writes of the interpreter it shares (the
+    collector walks every object, writing each one's header, as a trial's or a worker's collections do), then
+    waits to be measured; it sends its tracker's pid (0 where it has none)."""
     import gc
 
     make_expendable()
+    _own_resource_tracker()
     gc.collect()
     try:
-        conn.send("ready")
+        conn.send(("ready", _tracker_pid()))
         conn.recv()
     except (OSError, EOFError):
         pass  # the search stopped before measuring it (its budget ran out, a signal): nothing to report
@@ -115,10 +117,12 @@ class ForkCharges:
     """Measured at the search's start: the trials' forkserver's own memory (USS: what a fresh interpreter with
     the trial's imports holds, as a spawned trial or worker does) and what a process forked from it adds to
     the job once it has run (``tree_memory(...).added``: the guard's accounting), the plan's heap of a trial
-    and of each forked worker."""
+    and of each forked worker, less its resource tracker, which a trial holds once and a worker does not (what the
+    tracker's process holds: ``tracker``; the guard counts it, an exec'd process of the trial's tree)."""
 
     interpreter: int
     forked: int
+    tracker: int = 0  # the trial's own resource tracker, an exec'd interpreter (``_own_resource_tracker``)
 
 
 def fork_charges(ready_within: float = 120.0) -> ForkCharges:
@@ -139,15 +143,18 @@ def fork_charges(ready_within: float = 120.0) -> ForkCharges:
     proc.start()
     sender.close()
     try:
-        receiver.recv()
+        _, tracker_pid = receiver.recv()
+        if tracker_pid:
+            _settled(tracker_pid)  # started, not waited for: it may still be importing
         forked = tree_memory(proc.pid, forked_from=server).added
+        tracker = tree_memory(tracker_pid).pss if tracker_pid else 0
         receiver.send("done")
     finally:
         receiver.close()
         proc.join(10)
         if proc.is_alive() and proc.pid:
             kill_tree(proc.pid)
-    return ForkCharges(interpreter=process_uss(server), forked=forked)
+    return ForkCharges(interpreter=process_uss(server), forked=max(0, forked - tracker), tracker=tracker)
 
 
 class TrialFailed(Exception):
@@ -356,6 +363,28 @@ def _own_resource_tracker() -> None:
         tracker.ensure_running()
     except Exception:  # noqa: BLE001 - another Python's internals: keep the shared tracker
         pass
+
+
+def _settled(pid: int, every: float = 0.05, within: float = 5.0) -> None:
+    """Return once ``pid``'s memory reads the same twice ``every`` seconds apart (a process that finished starting
+    and waits), or after ``within`` seconds."""
+    last, deadline = -1, time.monotonic() + within
+    while time.monotonic() < deadline:
+        now = tree_memory(pid).pss
+        if now == last:
+            return
+        last = now
+        time.sleep(every)
+
+
+def _tracker_pid() -> int:
+    """The pid of this process's multiprocessing resource tracker, 0 when none runs."""
+    try:
+        from multiprocessing import resource_tracker
+
+        return int(resource_tracker._resource_tracker._pid or 0)  # type: ignore[attr-defined]  # private
+    except Exception:  # noqa: BLE001 - another Python's internals
+        return 0
 
 
 def _is_tracker(proc: psutil.Process) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 import optuna
 
 from autotune._units import format_bytes, format_seconds
-from autotune.caches import estimate_need, remove_leftovers
+from autotune.caches import remove_leftovers
 from autotune.config import LoaderConfig, cache_backend, usual_advice
 from autotune.dataset import Probe, UserSpec
 from autotune.errors import AutotuneError, MeasurementError
@@ -32,6 +32,7 @@ from autotune.tuner._factory_costs import FactoryCosts
 from autotune.tuner._lifecycle import stop_on_signals
 from autotune.tuner._measure import Plan
 from autotune.tuner._measurement import Measurement
+from autotune.tuner._memory_plan import TrialMemory, memory_cache_bytes
 from autotune.tuner._options import MIN_ROUNDS, Clock, SearchOptions
 from autotune.tuner._preparation import Setup, prepare, with_subset
 from autotune.tuner._runner import Runner, TrialFailed, TrialPruned, TrialRunner, TrialTimedOut, warm_forkserver
@@ -64,6 +65,7 @@ class Outcome:
     study: dict[str, str] = field(default_factory=dict)  # name and storage URL, for report and optuna-dashboard
     interval: Interval | None = None  # the winner's speed-up; the default's best rival's when it is the default
     noisy: str = ""  # why the machine was too noisy to tell, when it was
+    memory: TrialMemory | None = None  # the plan every trial was judged by before it started (None: not planned)
 
 
 class HopelessPruner(optuna.pruners.BasePruner):
@@ -265,11 +267,7 @@ class Search:
         memory, probe = self.setup.limits.trial_memory, self.setup.probe
         if memory is None:
             return None
-        cache = 0
-        if config.cache is not None and cache_backend(config.cache).in_memory:
-            whole = estimate_need(config.cache, probe.sample_bytes, probe.length)[0]
-            cache = int(whole * (config.cache_share or 1.0))
-        return memory.over_budget(config, cache)
+        return memory.over_budget(config, memory_cache_bytes(config, probe.sample_bytes, probe.length))
 
     def trial_timeout(self, number: int | None = None) -> float:
         """The limit of the ``number``-th trial asked (the current one by default): the plan's, capped by the
@@ -555,6 +553,7 @@ class Search:
             study={"name": study.study_name, "storage": self.url},
             interval=interval,
             noisy=noisy,
+            memory=setup.limits.trial_memory,
         )
 
 

@@ -12,6 +12,7 @@ from autotune.config import LoaderConfig
 from autotune.machine._cpus import usable_cpus
 from autotune.machine._memory import default_budget
 from autotune.tuner._measure import Workload
+from autotune.tuner._memory_plan import memory_cache_bytes
 from autotune.tuner._runner import Runner, TrialFailed
 from autotune.tuner._space import Space
 
@@ -39,14 +40,23 @@ def workload_for(spec: Any, outcome: Any) -> Workload:
 
 def evaluate_points(spec: Any, outcome: Any, configs: list[LoaderConfig], log: Callable[[str], None] | None = None,
                     label: str = "grid") -> list[dict]:
-    """Measure each LoaderConfig with ``Runner.run`` on the search's own plan (the measurement autotune uses)."""
-    runner = Runner(workload_for(spec, outcome), spec.sys_path, memory_limit=default_budget())
+    """Measure each LoaderConfig with ``Runner.run`` on the search's own plan (the measurement autotune uses) and
+    judged by the search's memory plan (``outcome.memory``): a point the plan would not start is "not tried" with the
+    search's reason, and the runner's guard stops a running one at the search's budget, so a grid point is what the
+    search could have chosen in the same job. Without a plan (a search that planned nothing), the budget read now."""
+    memory = getattr(outcome, "memory", None)
+    runner = Runner(workload_for(spec, outcome), spec.sys_path,
+                    memory_limit=memory.budget if memory is not None else default_budget())
     plan = outcome.plan
     out = []
     for i, config in enumerate(configs):
         t0 = time.perf_counter()
         entry: dict[str, Any] = {"config": config.to_json(), "describe": config.describe()}
+        cache = memory_cache_bytes(config, outcome.probe.sample_bytes, outcome.probe.length)
+        refused = memory.over_budget(config, cache) if memory is not None else None
         try:
+            if refused:
+                raise TrialFailed(refused)
             result = runner.run(config, plan, timeout=plan.batch_timeout)
             entry["value"] = result.total_seconds
             entry["prediction"] = result.prediction.to_dict()
