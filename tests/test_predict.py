@@ -87,3 +87,78 @@ def test_a_builds_start_up_is_paid_once_and_the_factorys_fixed_steps_added_unsca
     assert p.build_seconds == pytest.approx(0.2 + scale_build(1.3, 256, 2000, (0.34, 16)))
     assert p.build_fixed_seconds == 0.2
     assert p.total_seconds == pytest.approx(p.build_seconds + p.first_epoch_seconds + 2 * p.epoch_seconds)
+
+
+def test_a_partial_build_is_scaled_to_the_samples_its_share_stores_not_to_the_length():
+    from autotune.tuner._predict import scale_build
+
+    # a head of 16 in 0.2 s, a probe of 64 in 0.5 s: 0.00625 s a sample after 0.1 s of start-up
+    per_sample = (0.5 - 0.2) / 48
+    assert scale_build(0.5, 64, 200, (0.2, 16)) == pytest.approx(0.2 + per_sample * 184)  # a 2% share of 10,000
+    assert scale_build(0.5, 64, 200, (0.2, 16)) == pytest.approx(0.1 + per_sample * 200)  # start-up once + 200
+    # fewer stored than probed: still start-up once, plus the 10 samples
+    assert scale_build(0.5, 64, 10, (0.2, 16)) == pytest.approx(0.1 + per_sample * 10)
+    assert scale_build(0.5, 64, 64, (0.2, 16)) == 0.5  # the run stores what the probe did: as measured
+    # the old projection of the same trial (6 samples of a 256 subset in 0.12 s, scaled by 10,000 / 256)
+    assert 0.12 * 10_000 / 256 == pytest.approx(4.6875)
+    assert scale_build(0.12, 6, 200) == pytest.approx(0.12 * 200 / 6)  # no probe: the trial's 6 scaled to 200
+
+
+def _site(share=None, *, subset=256, length=10_000, cache_indices=None, cache_length=None):
+    from autotune.tuner._measure import Plan, TrialSite, Workload
+
+    plan = Plan(indices=list(range(0, length, length // subset))[:subset], length=length,
+                cache_indices=cache_indices, cache_length=cache_length)
+    return plan, TrialSite(Workload(dataset=None, batch_size=64, epochs=3), plan)
+
+
+def test_build_cost_by_path_start_up_once_plus_per_sample_times_what_the_run_stores():
+    from autotune.config import LoaderConfig, partial_count
+    from autotune.tuner._measure import build_cost
+    from autotune.tuner._predict import scale_build
+
+    steps = {"check": 0.25, "key": 0.0, "cache": 0.12}
+    # a partial built before epoch 1, probed: the probe scaled to partial_count(0.02, 10,000) = 200 samples
+    plan, site = _site()
+    site.build_head, site.build_probe = (0.2, 16), (0.5, 64)
+    site.build_stores, site.trial_stores = partial_count(0.02, 10_000), 6
+    cost = build_cost(LoaderConfig(cache="memory", cache_share=0.02), plan, site, steps)
+    assert (cost.fixed, cost.seconds, cost.samples, cost.stores, cost.head) == (0.25, 0.5, 64, 200, (0.2, 16))
+    assert cost.predicted == pytest.approx(0.25 + 0.2 + (0.3 / 48) * 184)
+    # unprobed (a small subset): the trial's own build of 6 scaled to the 200 the run stores
+    site.build_head = site.build_probe = None
+    cost = build_cost(LoaderConfig(cache="memory", cache_share=0.02), plan, site, steps)
+    assert cost.predicted == pytest.approx(0.25 + 0.12 * 200 / 6)
+    # filled by the first epoch: the cache step only set up (the schema head), paid once, unscaled
+    plan, site = _site()
+    cost = build_cost(LoaderConfig(cache="memory", cache_share=0.02, cache_fill="first_epoch"), plan, site, steps)
+    assert (cost.fixed, cost.seconds) == (0.25 + 0.12, 0.0) and cost.predicted == 0.25 + 0.12
+    cost = build_cost(LoaderConfig(cache="pickle", cache_fill="first_epoch"), plan, site, steps)
+    assert cost.predicted == 0.25 + 0.12
+    # a full build: the subset's, its head's start-up once, scaled to the length
+    site.build_head = (0.05, 16)
+    cost = build_cost(LoaderConfig(cache="pickle"), plan, site, steps)
+    assert (cost.samples, cost.stores) == (256, 10_000)
+    assert cost.predicted == pytest.approx(0.25 + scale_build(0.12, 256, 10_000, (0.05, 16)))
+    # ranks sharing a cache: every rank's 512 samples, standing for 20,000
+    plan, site = _site(cache_indices=list(range(512)), cache_length=20_000)
+    site.build_head = (0.05, 16)
+    cost = build_cost(LoaderConfig(cache="pickle"), plan, site, steps)
+    assert (cost.samples, cost.stores) == (512, 20_000)
+    assert build_cost(LoaderConfig(), plan, site, steps).predicted == 0.25
+
+
+def test_a_trial_partial_stores_its_share_of_the_subset_and_the_run_its_share_of_every_rank():
+    import torch
+
+    from autotune.config import partial_count
+
+    data = [(torch.full((2,), float(i)), i) for i in range(2000)]
+    plan, site = _site(subset=100, length=2000)
+    site.workload.dataset = data
+    cache = site.partial(data, 0.1, "build")  # the subset is every 20th index: 10 of them below 200
+    assert (site.build_stores, site.trial_stores, cache.cached) == (200, 10, 10)
+    plan, site = _site(subset=100, length=2000, cache_indices=list(range(0, 4000, 20)), cache_length=4000)
+    data = [(torch.full((2,), float(i)), i) for i in range(4000)]
+    cache = site.partial(data, 0.1, "build")
+    assert site.build_stores == partial_count(0.1, 4000) == 400 and site.trial_stores == cache.cached == 20

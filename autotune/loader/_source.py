@@ -96,8 +96,9 @@ class CacheSite(Protocol):
     indices: Sequence[int] | None  # the samples a loader without a cache reads (None: all, in order)
 
     def before(self, step: str, backend: str, dataset: Any) -> None:
-        """Called before the cache step (``"build"``, ``"fill"`` or ``"partial"``), outside its timing: a
-        trial makes its folder here, and measures a build's start-up on a few samples."""
+        """Called before the cache step (``"build"``, ``"fill"``, ``"partial"`` built before the first epoch
+        or ``"partial_fill"`` filled by it), outside its timing: a trial makes its folder here, and measures a
+        build's start-up on a few samples."""
 
     def build(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
         """The ``backend`` cache of the site's samples, opened or built; ``key`` is its content key
@@ -163,7 +164,7 @@ def _cache(dataset: Any, config: LoaderConfig, site: CacheSite, timer: Timer | N
     key = {} if get_backend(backend).in_memory else _timed(timer, "key", lambda: dataset_key(dataset))
     if config.cache_share is not None:
         share, fill = config.cache_share, config.cache_fill
-        site.before("partial", backend, dataset)
+        site.before("partial" if fill == "build" else "partial_fill", backend, dataset)
         cache = _timed(timer, "cache", lambda: site.partial(dataset, share, fill))
     elif config.cache_fill == "first_epoch":
         site.before("fill", backend, dataset)

@@ -27,7 +27,7 @@ from autotune.loader import DeviceConsumer, make_loader, prepare_source
 from autotune.machine import EvictionReport, TreeMemory, evict, tree_memory
 from autotune.process import apply_at_runtime
 from autotune.tuner._measurement import Measurement
-from autotune.tuner._predict import HEAD, EpochTiming, predict
+from autotune.tuner._predict import HEAD, EpochTiming, predict, scale_build
 
 
 @dataclass
@@ -98,12 +98,20 @@ def _consumer(workload: Workload, config: LoaderConfig) -> Callable[[Any], Any]:
 class TrialSite:
     """A trial's ``CacheSite``: its own folder (``plan.cache_root``, which the runner removes afterwards,
     even when it kills the trial) and its subset, every rank's samples when the ranks share a cache. A
-    build on a subset measures its start-up first, on a few samples, outside the build's timing."""
+    build on a subset measures its start-up first, on a few samples, outside the build's timing.
+
+    A partial cache built before the first epoch holds ~share x subset samples in the trial, often fewer
+    than its start-up build: its cost is measured outside the cache step on builds of the run's kind, a
+    head (start-up) and a probe of ``_BUILD_PROBE`` samples (per sample), and scaled to the samples the
+    run's build stores (``build_stores``), not to the dataset's length (``build_cost``)."""
 
     def __init__(self, workload: Workload, plan: Plan):
         self.workload, self.plan = workload, plan
         self.indices: Sequence[int] | None = plan.indices
         self.build_head: tuple[float, int] | None = None  # (seconds, samples) of the start-up build
+        self.build_probe: tuple[float, int] | None = None  # a partial's: (seconds, samples) of a probe build
+        self.build_stores: int | None = None  # a partial's: the samples the run's build stores
+        self.trial_stores: int | None = None  # a partial's: the samples the trial's build stored
         self._root: str | None = None
         self._order: list[int] | None = None  # the indices the cache holds, position by position
 
@@ -114,7 +122,10 @@ class TrialSite:
         return self._root
 
     def before(self, step: str, backend: str, dataset: Any) -> None:
-        if step == "partial" or (step == "fill" and caches.get_backend(backend).in_memory):
+        if step == "partial":
+            self._probe_partial(dataset)
+            return
+        if step == "partial_fill" or (step == "fill" and caches.get_backend(backend).in_memory):
             return  # held in this process's memory: no folder
         self.root()
         indices, length = self.plan.cached()
@@ -124,6 +135,25 @@ class TrialSite:
             self._build(backend, dataset, indices[:_BUILD_HEAD], "head")
             self.build_head = (time.perf_counter() - start, _BUILD_HEAD)
             _evict(self.plan)  # the head's files are warm now; the build is measured cold, as the factory's is
+
+    def _probe_partial(self, dataset: Any) -> None:
+        """A partial's start-up (a build of ``_BUILD_HEAD`` samples) and per-sample cost (one of
+        ``_BUILD_PROBE``), each on cold files as the run's build reads them, built as the run's partial is
+        (``build_partial``) and dropped before the trial's own. A subset too small for both: none (the
+        trial's own build is scaled whole)."""
+        indices = sorted(self.plan.cached()[0])
+        if len(indices) < _BUILD_PROBE:
+            return
+        timed: list[tuple[float, int]] = []
+        for count in (_BUILD_HEAD, _BUILD_PROBE):
+            _evict(self.plan)
+            start = time.perf_counter()
+            built = build_partial(dataset, count, fill="build", indices=indices[:count], progress=False,
+                                  workers=self.plan.build_workers)
+            timed.append((time.perf_counter() - start, count))
+            del built
+        _evict(self.plan)  # the probes' files are warm now; the trial's build is measured cold, as the run's is
+        self.build_head, self.build_probe = timed
 
     def build(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
         indices, _ = self.plan.cached()
@@ -164,6 +194,7 @@ class TrialSite:
         self._order = sorted(indices)
         first = partial_count(share, length)
         count = sum(1 for i in self._order if i < first)
+        self.build_stores, self.trial_stores = first, max(1, min(count, len(self._order)))  # as build_partial stores
         return build_partial(dataset, count, fill=fill, indices=self._order, progress=False,
                              workers=self.plan.build_workers)
 
@@ -176,6 +207,46 @@ class TrialSite:
 
 
 _BUILD_HEAD = 16  # samples in the build that measures a build's start-up
+_BUILD_PROBE = 4 * _BUILD_HEAD  # samples in a partial's build that measures its per-sample cost
+
+
+@dataclass(frozen=True)
+class BuildCost:
+    """What the cache step cost, for ``predict``: ``fixed`` seconds paid once whatever the length, and a build
+    of ``samples`` in ``seconds`` (``head``: its start-up build) that the run's build of ``stores`` samples
+    scales from. The invariant: a build's prediction is its start-up once plus its per-sample cost times the
+    samples the run's build stores (``_predict.scale_build``)."""
+
+    fixed: float
+    seconds: float
+    samples: int
+    stores: int
+    head: tuple[float, int] | None = None
+
+    @property
+    def predicted(self) -> float:
+        return self.fixed + scale_build(self.seconds, self.samples, self.stores, self.head)
+
+
+def build_cost(config: LoaderConfig, plan: Plan, site: TrialSite, steps: dict[str, float]) -> BuildCost:
+    """The cache step's cost, by path: a fill (memory, disk, or a partial filled by the first epoch) stores
+    nothing in it but sets up (its schema head, its folder): fixed, once. A partial built before the first
+    epoch: its probe (or, on a small subset, the trial's own build of ``trial_stores``) scaled to the
+    ``partial_count`` samples the run stores. A full build: the subset's, every rank's when they share it,
+    scaled to the length it stands for, its start-up measured on a head. ``check`` and ``key`` are fixed."""
+    fixed = steps.get("check", 0.0) + steps.get("key", 0.0)
+    cache = steps.get("cache", 0.0)
+    indices, length = plan.cached()
+    if not config.cache or plan.stream:
+        return BuildCost(fixed, 0.0, len(indices), length)
+    if config.cache_fill == "first_epoch":
+        return BuildCost(fixed + cache, 0.0, len(indices), length)
+    if config.cache_share is not None and site.build_stores is not None and site.trial_stores is not None:
+        if site.build_probe is not None:
+            seconds, samples = site.build_probe
+            return BuildCost(fixed, seconds, samples, site.build_stores, site.build_head)
+        return BuildCost(fixed, cache, site.trial_stores, site.build_stores)
+    return BuildCost(fixed, cache, len(indices), length, site.build_head)
 
 
 _held: dict[str, Any] = {}  # trial folder -> its lock, held for the life of the trial's process
@@ -281,8 +352,8 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     source = prepare_source(workload.dataset, config, site, transform=workload.transform,
                             collate_fn=workload.collate_fn, stream=plan.stream, timer=timer)
     dataset, collate_fn = source.dataset, source.collate_fn
-    fixed = steps.get("check", 0.0) + steps.get("key", 0.0)
-    build_seconds, build_head = steps.get("cache", 0.0), site.build_head
+    cost = build_cost(config, plan, site, steps)
+    fixed = cost.fixed
     memory_bytes = source.cache.nbytes if source.cache is not None and config.cache_in_memory else 0
     generator = torch.Generator().manual_seed(plan.seed)
     order: dict[str, Any] = {} if plan.stream else {"shuffle": True}  # a stream keeps its own order
@@ -298,9 +369,9 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
 
     bound = plan.stream_batches(workload.batch_size)
     batches = len(loader) if bound is None else bound
-    cached_indices, build_length = plan.cached()  # what a cache build covered and stands for
+    cached_indices, build_length = plan.cached()  # what a cache covered and stands for (its memory's scaling)
     build_samples = len(cached_indices)
-    build_full = fixed + build_seconds * build_length / build_samples
+    build_full = cost.predicted
     restarts = 1 if config.persistent_workers else workload.epochs  # worker start-up paid per epoch
     # A fill's first epoch decodes and writes the cache, the later ones read it: extrapolated to every
     # epoch it would be far too high and prune the candidate, so the running figure counts it once (a
@@ -348,16 +419,16 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
     length = plan.length
     if bound is not None and first.batches < bound:  # the stream ended before the bound: read whole
         n = length = min(n, first.batches * workload.batch_size)
-    prediction = predict(first=first, warm=warm, build_seconds=build_seconds, measured_samples=n,
+    prediction = predict(first=first, warm=warm, build_seconds=cost.seconds, measured_samples=n,
                          length=length, batch_size=workload.batch_size, epochs=workload.epochs,
-                         build_fixed_seconds=fixed, build_head=build_head,
-                         build_samples=build_samples, build_length=build_length)
+                         build_fixed_seconds=fixed, build_head=cost.head,
+                         build_samples=cost.samples, build_length=cost.stores)
     # its origin: built in this process, or waited for (opened from) another rank's build; a memory fill has none
     origin = getattr(source.cache, "origin", None)
     builder = (getattr(source.cache, "manifest", None) or {}).get("builder", {}).get("id")
     return Measurement(prediction=prediction, epochs=tuple(timings), measured_samples=n, peak_memory_bytes=peak,
                        added_memory_bytes=added,
-                       build_seconds_subset=build_seconds, eviction=evictions[0],
+                       build_seconds_subset=steps.get("cache", 0.0), eviction=evictions[0],
                        process_applied=tuple(applied.applied), process_not_applied=tuple(applied.not_applied),
                        cache_origins=(origin,) if origin is not None else (),
                        cache_builders=(builder,) if builder else ())

@@ -57,14 +57,17 @@ def scale_epoch(timing: EpochTiming, full_batches: int) -> float:
 
 
 def scale_build(seconds: float, samples: int, length: int, head: tuple[float, int] | None = None) -> float:
-    """A cache build of ``length`` samples from one of ``samples`` that took ``seconds``. ``head``, a build
-    of a few samples (seconds, count), splits start-up (worker start, the schema's head) from the
-    per-sample cost, so start-up is paid once instead of multiplied with the length."""
-    if samples >= length:
-        return seconds * length / samples
+    """A cache build that stores ``length`` samples, from one of ``samples`` that took ``seconds``: its
+    start-up once plus its per-sample cost times ``length`` (the invariant every cache path keeps: a full
+    build's ``length`` is the dataset's, a partial's the samples its share holds, ``partial_count``).
+    ``head``, a build of a few samples (seconds, count), splits start-up (worker start, the schema's head)
+    from the per-sample cost; without it the build is scaled whole. ``length`` may be below ``samples`` (a
+    partial of 10 samples from a probe of 64): still start-up once, plus 10 samples."""
+    if samples == length:
+        return seconds
     if head is not None and 0 < head[1] < samples:
         per_sample = max(seconds - head[0], 0.0) / (samples - head[1])
-        return head[0] + per_sample * (length - head[1])
+        return max(head[0] + per_sample * (length - head[1]), 0.0)
     return seconds * length / samples
 
 
