@@ -162,3 +162,31 @@ def test_a_trial_partial_stores_its_share_of_the_subset_and_the_run_its_share_of
     data = [(torch.full((2,), float(i)), i) for i in range(4000)]
     cache = site.partial(data, 0.1, "build")
     assert site.build_stores == partial_count(0.1, 4000) == 400 and site.trial_stores == cache.cached == 20
+
+
+def test_a_partials_probe_never_holds_more_samples_than_the_run_stores():
+    """The memory plan counts a partial trial's cache as the run's share (``partial_count`` samples): the probe
+    builds no more than that. A run storing more than a probe: a head and a probe; one storing no more: one
+    build of exactly what it stores, whose time is the prediction (unscaled)."""
+    import torch
+
+    from autotune.config import LoaderConfig, partial_count
+    from autotune.tuner._measure import _BUILD_HEAD, _BUILD_PROBE, build_cost
+
+    data = [(torch.full((2,), float(i)), i) for i in range(10_000)]
+    plan, site = _site(subset=256, length=10_000)
+    site.before("partial", LoaderConfig(cache="memory", cache_share=0.02), data)  # the run stores 200
+    assert site.build_head is not None and site.build_probe is not None
+    assert (site.build_head[1], site.build_probe[1]) == (_BUILD_HEAD, _BUILD_PROBE)
+    assert partial_count(0.002, 10_000) == 20 < _BUILD_PROBE
+    plan, site = _site(subset=256, length=10_000)
+    config = LoaderConfig(cache="memory", cache_share=0.002)
+    site.before("partial", config, data)
+    assert site.build_head is None and site.build_probe is not None and site.build_probe[1] == 20
+    site.partial(data, 0.002, "build")
+    cost = build_cost(config, plan, site, {"cache": 0.5})
+    assert cost.predicted == site.build_probe[0]  # built as the run builds it: its own time
+    # a subset smaller than what the run stores: no probe (the trial's own build is scaled)
+    plan, site = _site(subset=16, length=10_000)
+    site.before("partial", config, data)
+    assert site.build_head is None and site.build_probe is None

@@ -95,10 +95,10 @@ class CacheSite(Protocol):
 
     indices: Sequence[int] | None  # the samples a loader without a cache reads (None: all, in order)
 
-    def before(self, step: str, backend: str, dataset: Any) -> None:
+    def before(self, step: str, config: LoaderConfig, dataset: Any) -> None:
         """Called before the cache step (``"build"``, ``"fill"``, ``"partial"`` built before the first epoch
-        or ``"partial_fill"`` filled by it), outside its timing: a trial makes its folder here, and measures a
-        build's start-up on a few samples."""
+        or ``"partial_fill"`` filled by it) of ``config``'s cache, outside its timing: a trial makes its folder
+        here, and measures a build's start-up on a few samples."""
 
     def build(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
         """The ``backend`` cache of the site's samples, opened or built; ``key`` is its content key
@@ -164,13 +164,13 @@ def _cache(dataset: Any, config: LoaderConfig, site: CacheSite, timer: Timer | N
     key = {} if get_backend(backend).in_memory else _timed(timer, "key", lambda: dataset_key(dataset))
     if config.cache_share is not None:
         share, fill = config.cache_share, config.cache_fill
-        site.before("partial" if fill == "build" else "partial_fill", backend, dataset)
+        site.before("partial" if fill == "build" else "partial_fill", config, dataset)
         cache = _timed(timer, "cache", lambda: site.partial(dataset, share, fill))
     elif config.cache_fill == "first_epoch":
-        site.before("fill", backend, dataset)
+        site.before("fill", config, dataset)
         cache = _timed(timer, "cache", lambda: site.fill(backend, dataset, key))
     else:
-        site.before("build", backend, dataset)
+        site.before("build", config, dataset)
         cache = _timed(timer, "cache", lambda: site.build(backend, dataset, key))
     return cache
 
@@ -233,7 +233,7 @@ class FactorySite:
         """The processes a build decodes on (default: what this process may use, ``machine.build_workers``)."""
         return build_workers() if self._workers is None else self._workers
 
-    def before(self, step: str, backend: str, dataset: Any) -> None:
+    def before(self, step: str, config: LoaderConfig, dataset: Any) -> None:
         pass
 
     def build(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:

@@ -121,9 +121,12 @@ class TrialSite:
             _hold_trial_folder(self._root)
         return self._root
 
-    def before(self, step: str, backend: str, dataset: Any) -> None:
+    def before(self, step: str, config: LoaderConfig, dataset: Any) -> None:
+        backend = config.cache
+        assert backend is not None
         if step == "partial":
-            self._probe_partial(dataset)
+            assert config.cache_share is not None
+            self._probe_partial(dataset, partial_count(config.cache_share, self.plan.cached()[1]))
             return
         if step == "partial_fill" or (step == "fill" and caches.get_backend(backend).in_memory):
             return  # held in this process's memory: no folder
@@ -136,16 +139,19 @@ class TrialSite:
             self.build_head = (time.perf_counter() - start, _BUILD_HEAD)
             _evict(self.plan)  # the head's files are warm now; the build is measured cold, as the factory's is
 
-    def _probe_partial(self, dataset: Any) -> None:
+    def _probe_partial(self, dataset: Any, stores: int) -> None:
         """A partial's start-up (a build of ``_BUILD_HEAD`` samples) and per-sample cost (one of
         ``_BUILD_PROBE``), each on cold files as the run's build reads them, built as the run's partial is
-        (``build_partial``) and dropped before the trial's own. A subset too small for both: none (the
-        trial's own build is scaled whole)."""
+        (``build_partial``) and dropped before the trial's own. A probe never holds more samples than the run's
+        build ``stores``, which is what the memory plan counts for the cache: a run that stores no more than a
+        probe is built once, whole, as its own probe (its time is the prediction, unscaled). A subset too small
+        for that: none (the trial's own build is scaled whole)."""
         indices = sorted(self.plan.cached()[0])
-        if len(indices) < _BUILD_PROBE:
+        counts = (_BUILD_HEAD, _BUILD_PROBE) if stores > _BUILD_PROBE else (stores,)
+        if len(indices) < counts[-1]:
             return
         timed: list[tuple[float, int]] = []
-        for count in (_BUILD_HEAD, _BUILD_PROBE):
+        for count in counts:
             _evict(self.plan)
             start = time.perf_counter()
             built = build_partial(dataset, count, fill="build", indices=indices[:count], progress=False,
@@ -153,7 +159,7 @@ class TrialSite:
             timed.append((time.perf_counter() - start, count))
             del built
         _evict(self.plan)  # the probes' files are warm now; the trial's build is measured cold, as the run's is
-        self.build_head, self.build_probe = timed
+        self.build_head, self.build_probe = (timed[0], timed[1]) if len(timed) == 2 else (None, timed[0])
 
     def build(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
         indices, _ = self.plan.cached()
