@@ -61,6 +61,7 @@ def test_a_trial_starts_its_dataloaders_as_the_search_does_not_as_the_forkserver
 
     from autotune.tuner import _runner
 
+    _runner.warm_forkserver()  # the trials' own server (its preload), which later tests of this process share
     ctx = multiprocessing.get_context("forkserver")
     queue = ctx.SimpleQueue()
     proc = ctx.Process(target=_start_method_after, args=(queue, _runner.search_start_method()))

@@ -327,7 +327,15 @@ def test_the_heap_is_measured_by_a_probe_forked_from_the_resident_forkserver():
 
     memory = trial_memory(UserSpec(dataset=Numbers(8), source="<test>", batch_size=4, epochs=1), batch_bytes=64,
                           ranks=1, max_memory=300 * MIB)
-    assert waiting_forkserver() == forkserver_pid() is not None  # the probe waited for the server's imports
+    # the probe waited for the server's imports: it is back asleep in its poll (a read right after the probe ends
+    # may catch it reaping the probe, so read until it sleeps)
+    server = forkserver_pid()
+    assert server is not None
+    for _ in range(100):
+        if waiting_forkserver() == server:
+            break
+        time.sleep(0.05)
+    assert waiting_forkserver() == server
     assert 0 < memory.heap < memory.interpreter  # a fork writes a part of the interpreter it shares
     # the probe started its own resource tracker, as a trial does: a small interpreter without torch, counted apart
     assert 0 < memory.tracker < memory.heap
