@@ -32,9 +32,9 @@ check: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# Four workers, one test file each at a time: most of the suite waits on real processes, budgets, timeouts
-# and servers rather than computing (quiet 2-CPU machine, 2026-12-02: 640 CPU-seconds in all), so two
-# workers left the CPUs half idle (1002 s) and four keep them busy (342 s, 1.87 CPUs on average);
+# Four workers, one test file each at a time: much of the suite waits on real processes, budgets, timeouts
+# and servers rather than computing, so two workers leave the CPUs partly idle. Quiet, on the Intel Xeon
+# 2-vCPU VM (2026-12-02): two workers 401 s (598 CPU-seconds, 1.49 CPUs busy), four 342 s (640, 1.87).
 # `make test WORKERS=0` runs it in one process.
 # The benchmarks' smoke test is not the product's: it runs every script of benchmarks/ in its --quick
 # mode (~8 minutes of both CPUs), so it has its own target, which CI runs after this one.
