@@ -468,7 +468,13 @@ def test_a_try_that_passes_its_probe_is_ended_where_its_cost_no_longer_fits_the_
     assert policy.rejections == 1 and POOL1 in policy.tried and policy.trying is None
     policy.decide(part(Z, 32.0, batches=24 - n, overhead=0.05, stall=0.4, cpu=1.5))  # the rest, the way back
     assert policy.spent_seconds == pytest.approx(spent + n * 0.0128 + 0.05)
-    assert policy.spent_seconds - EXPLORE_SHARE * policy.seen_seconds <= 0.0128  # at most that one batch's loss
+    # the run's seconds, part by part (warm-up, 25 epochs, the probe, the capped rest, the incumbent's rest)
+    seen = 1.28 + 25 * 1.024 + (8 * 0.032 * math.exp(0.045) + 0.2 + 0.05) + n * 0.0448 + ((24 - n) * 0.032 + 0.05)
+    assert policy.seen_seconds == pytest.approx(seen)
+    # over 2% of the run by exactly what the crossing batch added beyond the allowance the batch before left
+    # (the two crossing lines above put it inside that one batch's 12.8 ms loss)
+    assert policy.spent_seconds - EXPLORE_SHARE * policy.seen_seconds == pytest.approx(
+        spent + n * 0.0128 + 0.05 - EXPLORE_SHARE * seen)
     assert POOL1 not in policy.stats  # a capped part is no figure of its configuration
 
 
@@ -527,4 +533,10 @@ def test_a_kept_moves_gain_is_not_banked_for_losing_to_the_new_incumbent():
     probe_obs = loader_part(policy, z2, 30.0, 25, probe=True, stall=LOW)
     assert probe_obs.capped and probe_obs.batches == 9  # 0.020 n > 2% of (8 s + 0.030 n) from n = 9
     assert policy.decide(probe_obs).event == "revert"
-    assert policy.spent_seconds - EXPLORE_SHARE * policy.seen_seconds <= 0.020  # at most the one batch
+    # the ledger: the kept move's -2 s not banked (0), then the capped probe's 9 batches 20 ms over the incumbent;
+    # the run: 2 x 3 s of Z, 100 batches of T1, 1 s of T1, the probe's 9 batches
+    assert policy.spent_seconds == pytest.approx(9 * 0.020)
+    assert policy.seen_seconds == pytest.approx(2 * 3.0 + 100 * 0.010 + 1.0 + 9 * 0.030)
+    # over 2% of the run by less than the one batch that crossed it: 0.18 - 0.02 x 8.27 = 0.0146 s
+    assert policy.spent_seconds - EXPLORE_SHARE * policy.seen_seconds == pytest.approx(
+        9 * 0.020 - EXPLORE_SHARE * (2 * 3.0 + 100 * 0.010 + 1.0 + 9 * 0.030))
