@@ -184,20 +184,32 @@ class BuildersMark(torch.utils.data.Dataset):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", caches.disk_names())
-def test_a_builds_workers_are_forked_whatever_the_processs_default_start_method(backend, tmp_path):
-    """A trial process is started by the search's forkserver, or spawned for a preloaded allocator, and
-    multiprocessing makes that method the trial's default: a build's workers left to it were fresh interpreters
-    (165-205 MiB each, importing torch again) where the memory plan counts forked ones (tuner/_memory_plan.py)."""
+def test_a_builds_workers_start_as_the_process_starts_them_and_the_plan_counts_them_so(backend, tmp_path):
+    """A disk build's read workers take the process's start method: the user's, never overridden (a user who
+    chose spawn gets spawned build workers, fresh interpreters that do not see this process's state), and
+    in a trial its search's (tuner/_runner.py). The memory plan counts them by that method."""
+    from autotune.config import LoaderConfig
+    from autotune.tuner._memory_plan import TrialMemory
+
     before = multiprocessing.get_start_method(allow_none=True)
     _BUILDER[0] = os.getpid()
     try:
-        multiprocessing.set_start_method("spawn", force=True)
-        cache = caches.get_backend(backend).build(BuildersMark(), range(4), tmp_path / "c", manifest={},
-                                                  progress=False, workers=2)
-        assert [cache[k].tolist() for k in range(4)] == [[os.getpid(), k] for k in range(4)]
+        for method, seen in (("fork", os.getpid()), ("spawn", 0)):
+            multiprocessing.set_start_method(method, force=True)
+            cache = caches.get_backend(backend).build(BuildersMark(), range(4), tmp_path / method, manifest={},
+                                                      progress=False, workers=2)
+            assert [cache[k].tolist() for k in range(4)] == [[seen, k] for k in range(4)]
     finally:
         _BUILDER[0] = 0
         multiprocessing.set_start_method(before, force=True)
+    plan = {m: TrialMemory(budget=1 << 40, interpreter=100, heap=10, dataset=5, batch_bytes=1, sample_bytes=1,
+                           build_workers=2, build_context=m) for m in ("fork", "spawn", "forkserver")}
+    config = LoaderConfig(cache=backend)
+    chunk = caches.READ_CHUNK
+    main = 10 + 5
+    assert plan["fork"]._build(config) == main + 2 * chunk + 2 * (10 + 3 * chunk)
+    assert plan["spawn"]._build(config) == main + 2 * chunk + 2 * (10 + 3 * chunk + 100 + 5)
+    assert plan["forkserver"]._build(config) == plan["spawn"]._build(config) + 100  # and its server
 
 
 @pytest.mark.timeout(120)

@@ -10,7 +10,6 @@ import glob
 import hashlib
 import itertools
 import json
-import multiprocessing
 import os
 import pickle
 import secrets
@@ -90,11 +89,6 @@ class _Indexed(torch.utils.data.Dataset[Any]):
 
 
 READ_CHUNK = 16  # samples a build's worker decodes and sends at once (the memory plan counts them in flight)
-# A build's workers are forked, in every process: the memory plan counts each as a forked process (its heap and its
-# samples in flight), and the memory build's workers must be (they inherit its columns). Left to the default start
-# method, a process started by spawn or a forkserver (every trial: multiprocessing gives a child its parent's method)
-# started each as a fresh interpreter that imported torch again: 165-205 MiB each, against the ~80 MiB planned.
-BUILD_CONTEXT = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 
 
 def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progress: bool = True,
@@ -110,8 +104,9 @@ def read_source(dataset: Any, indices: Sequence[int], *, workers: int = 0, progr
         if workers > 0:
             loader = torch.utils.data.DataLoader(
                 _Indexed(dataset, indices, sources is not None), batch_size=READ_CHUNK, shuffle=False,
+                # the process's own start method (the user's: a trial takes its search's, tuner/_runner.py), which
+                # the memory plan counts the build's workers by
                 num_workers=workers, collate_fn=_identity,  # the chunk is already one tensor and its lengths
-                multiprocessing_context=BUILD_CONTEXT,
             )
             it = iter(loader)
             try:

@@ -26,10 +26,12 @@ measured, and what cannot fit is not tried, with a note, instead of being left t
   holding its own copy of the dataset, and forkserver workers add their server's interpreter once;
 - a memory cache of the whole run (its share of it), as the recipe will hold it;
 - while a cache is built before the first epoch (``cache_fill="build"``), the build's own processes instead of
-  the loader's workers, which start after it: ``build_workers`` forked workers, each ``heap`` and the samples it
-  has in flight (a disk build's worker decodes ``caches.READ_CHUNK`` samples at a time and the loader prefetches
-  two such chunks of it, while the main process unpickles one and writes one; a memory build's worker writes
-  each sample straight into the cache's columns); the trial's peak is the larger of the two phases;
+  the loader's workers, which start after it: ``build_workers`` workers (forked for a memory build; for a disk
+  build of ``build_context``, the search's start method: a fresh interpreter and the dataset each under spawn or a
+  forkserver), each ``heap`` and the samples it has in flight (a disk build's worker decodes
+  ``caches.READ_CHUNK`` samples at a time and the loader prefetches two such chunks of it, while the main
+  process unpickles one and writes one; a memory build's worker writes each sample straight into the cache's
+  columns); the trial's peak is the larger of the two phases;
 - all of it once per rank.
 
 ``fit_space`` narrows the space to what fits (workers, start methods) with a note for
@@ -78,6 +80,9 @@ class TrialMemory:
     sample_bytes: int = 0  # one decoded sample (what a cache stores), for a build's samples in flight
     build_workers: int = 0  # the processes a cache built before the first epoch decodes on (Plan.build_workers)
     tracker: int = 0  # the trial's own resource tracker, an exec'd process of its tree (tuner/_runner.py, measured)
+    # The start method a disk build's read workers get: the search's own (the user's), which a trial takes
+    # (tuner/_runner.py); a memory build forks its workers always (they inherit its columns).
+    build_context: str | None = None
 
     def worker(self, context: str | None, prefetch: int | None) -> int:
         """One DataLoader worker's own memory."""
@@ -117,11 +122,16 @@ class TrialMemory:
         chunk = READ_CHUNK * self.sample_bytes
         if not self.build_workers:
             return self._main(config) + chunk  # the trial reads the source a chunk at a time itself
-        if cache_backend(config.cache).in_memory:  # its workers write each sample into the columns
+        if cache_backend(config.cache).in_memory:  # its forked workers write each sample into the columns
             held, in_flight = chunk, self.sample_bytes  # the schema's head, then nothing but blobs
-        else:  # the main process holds a received chunk and its unpickled samples
-            held, in_flight = 2 * chunk, 3 * chunk
-        return self._main(config) + held + self.build_workers * (self.heap + in_flight)
+            return self._main(config) + held + self.build_workers * (self.heap + in_flight)
+        # the main process holds a received chunk and its unpickled samples; each worker is a DataLoader worker
+        # of the process's start method (its heap, or a fresh interpreter with its own dataset)
+        held, in_flight = 2 * chunk, 3 * chunk
+        fresh = self.build_context in FRESH_CONTEXTS
+        each = self.heap + in_flight + (self.interpreter + self.dataset if fresh else 0)
+        server = self.interpreter if self.build_context == "forkserver" else 0
+        return self._main(config) + held + self.build_workers * each + server
 
     def over_budget(self, config: LoaderConfig, cache_bytes: int = 0) -> str | None:
         """Why a trial of ``config`` is not started (one line), or None when it fits the budget."""
