@@ -423,3 +423,18 @@ def test_a_trial_the_plan_admits_is_never_stopped_by_the_guard_held_to_its_plan(
                 build_workers=2)
     result = runner.run(config, plan, timeout=150)  # TrialFailed ("used ..., over the memory budget") if stopped
     assert 0 < result.charged_bytes <= need
+
+
+def test_the_plans_memory_cache_is_the_samples_the_run_stores_as_the_factory_estimates_them():
+    """One estimate of a memory cache: the plan counts the ``partial_count`` samples a share stores, as the
+    factory's fit does (recipe/_memory_fit.py), not the whole cache's bytes times the share."""
+    from autotune.config import cache_backend, partial_count
+    from autotune.recipe._memory_fit import _cache_need
+    from autotune.tuner._memory_plan import memory_cache_bytes
+
+    for share in (None, 0.02, 0.39):
+        config = LoaderConfig(cache="memory", cache_share=share)
+        count = 10_000 if share is None else partial_count(share, 10_000)
+        assert memory_cache_bytes(config, 602_112, 10_000) == _cache_need("memory", 602_112, count) == int(
+            cache_backend("memory").estimate_need(602_112, count)[0])
+    assert memory_cache_bytes(LoaderConfig(cache="pickle"), 602_112, 10_000) == 0  # on disk: none in memory

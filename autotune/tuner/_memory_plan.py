@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 
 from autotune._units import format_bytes
 from autotune.caches import READ_CHUNK, estimate_need
-from autotune.config import DEFAULT, LoaderConfig, cache_backend
+from autotune.config import DEFAULT, LoaderConfig, cache_backend, partial_count
 from autotune.errors import AutotuneError
 from autotune.machine import BUDGET_SHARE
 from autotune.process import get_allocator
@@ -162,8 +162,9 @@ def memory_cache_bytes(config: LoaderConfig, sample_bytes: float, length: int) -
     ``TrialMemory.need`` holds beside the trial's processes."""
     if config.cache is None or not cache_backend(config.cache).in_memory:
         return 0
-    whole = estimate_need(config.cache, sample_bytes, length)[0]
-    return int(whole * (config.cache_share or 1.0))
+    # the samples the run's cache stores, estimated as the factory's fit estimates them (recipe/_memory_fit.py)
+    count = length if config.cache_share is None else partial_count(config.cache_share, length)
+    return int(estimate_need(config.cache, sample_bytes, count)[0])
 
 
 def _most_workers(memory: TrialMemory, space: Space, context: str) -> int:
