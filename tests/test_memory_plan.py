@@ -479,8 +479,9 @@ def test_an_execd_process_in_a_forked_tree_takes_nothing_off_what_the_tree_adds(
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("config", [LoaderConfig(cache="pickle"), LoaderConfig(cache="hdf5", allocator="tcmalloc")],
-                         ids=["pickle-forked", "hdf5-tcmalloc-spawned"])
+@pytest.mark.parametrize("config", [LoaderConfig(cache="pickle"), LoaderConfig(cache="hdf5", allocator="tcmalloc"),
+                                    LoaderConfig(cache="pickle", allocator="jemalloc")],
+                         ids=["pickle-forked", "hdf5-tcmalloc-spawned", "pickle-jemalloc-spawned"])
 def test_a_trial_the_plan_admits_is_never_stopped_by_the_guard_held_to_its_plan(config, tmp_path):
     """The invariant end to end, real processes: a trial whose guard budget is exactly its planned need (the figures
     measured as a search measures them) runs to its end, and what its run holds is within it. A disk cache built
