@@ -540,3 +540,78 @@ def test_a_kept_moves_gain_is_not_banked_for_losing_to_the_new_incumbent():
     # over 2% of the run by less than the one batch that crossed it: 0.18 - 0.02 x 8.27 = 0.0146 s
     assert policy.spent_seconds - EXPLORE_SHARE * policy.seen_seconds == pytest.approx(
         9 * 0.020 - EXPLORE_SHARE * (2 * 3.0 + 100 * 0.010 + 1.0 + 9 * 0.030))
+
+
+NP = W2.refit(persistent_workers=False)  # a pool that restarts every epoch (the competitor's and phase's recipe)
+
+
+def at(o, *, mid_epoch):
+    """``o`` ended mid-epoch (at a chunk boundary) or at its epoch's end: where the next part starts."""
+    return dataclasses.replace(o, mid_epoch=mid_epoch)
+
+
+def test_a_tries_price_is_what_the_run_pays_beyond_the_fixed_run_at_the_same_point():
+    """Rule 5a's invariant, for every kind of move, at an epoch boundary and mid-epoch, from a pool that restarts
+    every epoch and from a persistent one: the switch there and back (assumed: 0.1 s each), the new pool's
+    start-up and the incumbent's again (measured: 0.15 s), less the incumbent's restart, which a
+    non-persistent pool's fixed run pays at an epoch boundary too. A thread move is nothing anywhere."""
+    s, w = 0.15, ASSUMED_SWITCH
+    restarts = Policy(NP, max_workers=4, cuda=True, threads=2)
+    restarts.decide(part(NP, 10.0, start_up=s))  # the warm-up measures the start-up
+    persistent = Policy(W2, max_workers=4, cuda=True, threads=2)
+    persistent.decide(part(W2, 10.0, start_up=s))
+    assert restarts.start_up == persistent.start_up == s and restarts.switch_seconds is None
+    for policy in (restarts, persistent):
+        inc = policy.incumbent
+        pool_moves = {"more workers": inc.refit(num_workers=3), "more prefetch": inc.refit(prefetch_factor=4),
+                      "less prefetch": inc.refit(prefetch_factor=1), "pin memory": inc.refit(pin_memory=True),
+                      "persistence": inc.refit(persistent_workers=not inc.persistent_workers)}
+        for name, config in pool_moves.items():
+            mid = policy.price(config, epoch_start=False)
+            assert mid == pytest.approx(2 * w + 2 * s), name  # mid-epoch: only the adapting run restarts
+            assert policy.price(config, epoch_start=True) == pytest.approx(
+                2 * w + s if policy is restarts else 2 * w + 2 * s), name
+        no_workers = inc.refit(num_workers=0, prefetch_factor=None, persistent_workers=False)
+        assert policy.price(no_workers, epoch_start=False) == pytest.approx(2 * w + s)  # the way back's start-up
+        assert policy.price(no_workers, epoch_start=True) == pytest.approx(2 * w if policy is restarts else 2 * w + s)
+        for epoch_start in (True, False):
+            assert policy.price(inc.refit(main_threads=1), epoch_start=epoch_start) == 0.0
+    # without an incumbent pool there is no restart to pay, at an epoch boundary or not
+    bare = Policy(Z, max_workers=2, threads=2)
+    assert bare.price(POOL1, epoch_start=True) == bare.price(POOL1, epoch_start=False) == pytest.approx(
+        2 * w + ASSUMED_START_UP)
+    # unstated, the point is where the next part starts: the last observation's end
+    restarts.decide(at(part(NP, 10.0, batches=50), mid_epoch=True))
+    assert restarts.price(W3) == pytest.approx(2 * w + 2 * s)
+    restarts.decide(at(part(NP, 10.0, batches=50), mid_epoch=False))
+    assert restarts.price(W3) == pytest.approx(2 * w + s)
+
+
+def test_a_try_from_a_pool_that_restarts_every_epoch_is_charged_as_priced_where_it_starts():
+    """The ledger follows the price: a try starting an epoch from a non-persistent pool is charged its wall
+    over the fixed run's from the same point (the incumbent's restart, 0.15 s, then its 10 ms batches), so its
+    own start-up is not extra; started mid-epoch, it is. Each try is afforded at its price: at the epoch
+    boundary the first move, persistence, fits 2% of the run from the 16th epoch (0.35 s and the probe's
+    0.0178 s), not the 23rd its old price (0.5 s) waited for, and the budget check does not end it at once."""
+    policy = Policy(NP, max_workers=4)
+    events = [policy.decide(part(NP, 10.0, start_up=0.15)).event for _ in range(16)]  # 1.15 s an epoch
+    assert events == ["warm-up"] + ["measure"] * 14 + ["try"]
+    assert policy.trying == ("persistent workers", W2)
+    expected = 0.35 + 25 * 0.0115 * (math.exp(LOSS) - 1)  # the probe at the incumbent's figure, 11.5 ms a batch
+    assert policy.expected_cost(W2, policy.stats[NP]) == pytest.approx(expected)
+    assert EXPLORE_SHARE * 15 * 1.15 < expected <= EXPLORE_SHARE * 16 * 1.15
+    probe_obs = loader_part(policy, W2, 10.0, 25, start_up=0.15, overhead=0.1, probe=True)
+    assert not probe_obs.capped  # 0.35 s reserved against 0.368 s allowed: fits, as priced
+    assert policy.decide(probe_obs).event == "continue"
+    assert policy.spent_seconds == pytest.approx(0.1)  # the switch alone: the start-up replaced the restart
+    d = policy.decide(part(W2, 10.0, batches=75))
+    assert (d.event, d.config) == ("keep", W2) and policy.spent_seconds == pytest.approx(0.1)
+    # the same try mid-epoch (a long epoch's chunk boundary): its start-up is beyond the fixed run's
+    mid = Policy(NP, max_workers=4, explore_share=1)
+    mid.decide(part(NP, 10.0, start_up=0.15))
+    mid.decide(part(NP, 10.0, start_up=0.15))
+    d = mid.decide(at(part(NP, 10.0, batches=50), mid_epoch=True))  # the incumbent's second part, no restart
+    assert (d.event, d.config) == ("try", W2)
+    mid.decide(part(W2, 10.0, batches=12, start_up=0.15, overhead=0.1, probe=True))
+    assert mid.spent_seconds == pytest.approx(0.1 + 0.15)
+
