@@ -615,3 +615,56 @@ def test_a_try_from_a_pool_that_restarts_every_epoch_is_charged_as_priced_where_
     mid.decide(part(W2, 10.0, batches=12, start_up=0.15, overhead=0.1, probe=True))
     assert mid.spent_seconds == pytest.approx(0.1 + 0.15)
 
+
+def test_an_unaffordable_move_leaves_the_next_affordable_one_to_be_tried():
+    """Rule 5a: the moves in their order of promise; one the budget cannot pay for yet does not hold up the
+    next that it can. With a step that barely waits, fewer workers and less prefetch lead (new pools: 0.5 s and
+    the probe) and more main threads follows (in place: the probe alone, 25 batches at 6% over 10 ms); after
+    the warm-up (1.15 s) and one epoch (1 s), 2% of the run (0.043 s) pays the third only, so it is tried."""
+    policy = Policy(W2, max_workers=4, threads=2)
+    policy.decide(part(W2, 10.0, start_up=0.15, stall=LOW))
+    floor = 25 * 0.010 * (math.exp(LOSS) - 1)
+    d = policy.decide(part(W2, 10.0, stall=LOW))
+    more_main = W2.refit(main_threads=4)
+    assert (d.event, d.config) == ("try", more_main) and d.line.startswith("trying more main threads")
+    assert policy.expected_cost(W1, policy.stats[W2]) == pytest.approx(2 * ASSUMED_SWITCH + 2 * 0.15 + floor)
+    assert policy.expected_cost(more_main, policy.stats[W2]) == pytest.approx(floor)
+    assert policy.spent_seconds == 0.0 and policy.left() == pytest.approx(EXPLORE_SHARE * 2.15)
+    # the try, 2% slower throughout: within its probe's loss, then judged whole and reverted; the ledger holds
+    # its 100 batches' 0.2 ms each, the run 2.15 s and its 1.02 s
+    probe_obs = loader_part(policy, more_main, 10.2, 25, probe=True, stall=LOW)
+    assert not probe_obs.capped and policy.decide(probe_obs).event == "continue"
+    rest = loader_part(policy, more_main, 10.2, 75, stall=LOW)
+    assert not rest.capped and policy.decide(rest).event == "revert"
+    assert policy.spent_seconds == pytest.approx(100 * 0.0002)
+    assert policy.seen_seconds == pytest.approx(2.15 + 1.02)
+    assert policy.left() == pytest.approx(EXPLORE_SHARE * 3.17 - 0.02)
+
+
+def test_exploration_waits_only_when_no_move_is_affordable_and_the_ledger_stays_in_budget():
+    """With the thread split fixed, every move is a new pool (0.5 s and the probe): none fits 2% of the first
+    epochs, so the policy waits, saying the most promising one's cost, the ledger untouched; the first try
+    starts at the epoch whose 2% pays it, and the ledger then holds exactly what it spent."""
+    policy = Policy(W2, max_workers=4, threads=2, fixed=frozenset({"main_threads"}))
+    policy.decide(part(W2, 10.0, start_up=0.15, stall=LOW))
+    expected = 2 * ASSUMED_SWITCH + 2 * 0.15 + 25 * 0.010 * (math.exp(LOSS) - 1)
+    d = policy.decide(part(W2, 10.0, stall=LOW))
+    assert (d.event, d.config) == ("measure", W2)
+    assert d.line == (f"exploration waits: fewer workers would cost {expected:.2f} s, 0.04 s of its 2% of "
+                      "2.15 s left")
+    epochs = 2
+    while d.event == "measure":
+        d = policy.decide(part(W2, 10.0, stall=LOW))
+        epochs += 1
+        assert policy.spent_seconds == 0.0
+    # the first epoch whose 2% covers the expectation: 1.15 s and 1 s an epoch after it
+    assert epochs == 1 + math.ceil((expected / EXPLORE_SHARE - 1.15) / 1.0)
+    assert (d.event, d.config) == ("try", W1)
+    seen = policy.seen_seconds
+    assert seen == pytest.approx(1.15 + (epochs - 1) * 1.0)
+    # its probe as fast as the incumbent, its pool's start-up 0.15 s and the switch there 0.1 s: charged exactly
+    probe_obs = loader_part(policy, W1, 10.0, 25, start_up=0.15, overhead=0.1, probe=True, stall=LOW)
+    assert not probe_obs.capped
+    policy.decide(probe_obs)
+    assert policy.spent_seconds == pytest.approx(0.25)
+    assert policy.left() == pytest.approx(EXPLORE_SHARE * (seen + 0.25 + 0.25) - 0.25)

@@ -60,7 +60,9 @@ The rules (a hill climb, as tf.data's and MindSpore's, with a significance test)
       for forked workers, ``ASSUMED_SPAWN_START_UP`` for spawned ones, ``ASSUMED_SWITCH``), never the last
       try of another kind (a thread move costs no start-up; a first pool from no workers was priced by
       nothing and cost 20x its price). A try starts only when its price and its probe at the least loss it
-      is reverted for fit ``left`` (``expected_cost``: at least the last rejected try's cost of its kind).
+      is reverted for fit ``left`` (``expected_cost``: at least the last rejected try's cost of its kind);
+      one that does not fit does not hold up the others: the next move in the order of promise whose
+      expectation fits is tried, and exploration waits only when none does.
    b. While a try runs, the loader asks ``over_budget`` after every batch: when the try's measured extra
       so far and its reserved way back no longer fit ``left``, the loader ends the part there (``capped``)
       and the policy reverts it, a rejection. So no try can spend more than the run has left, whatever its
@@ -590,6 +592,7 @@ class Policy:
             self._settle()
             return Decision(self.incumbent, "settle", f"settled after {self.rejections} rejections")
         threads = None if "main_threads" in self.fixed else self.threads
+        waiting: str | None = None  # the most promising move the budget cannot pay for yet
         for name, config in moves(self.incumbent, incumbent.stall, max_workers=self.max_workers, cuda=self.cuda,
                                   first=self.kept_move, threads=threads, cpu_share=incumbent.cpu_share,
                                   starved=self.starved):
@@ -604,14 +607,16 @@ class Policy:
                 continue
             expected = self.expected_cost(config, incumbent)
             left = self.left()
-            if self.explore_share < 1 and expected > left:  # rule 5: the run has to grow first
-                return Decision(self.incumbent, "measure",
-                                f"exploration waits: {name} would cost {expected:.2f} s, "
-                                f"{max(0.0, left):.2f} s of its {self.explore_share:.0%} of "
-                                f"{self.seen_seconds:.2f} s left")
+            if self.explore_share < 1 and expected > left:  # rule 5: the next affordable move goes first
+                waiting = waiting or f"{name} would cost {expected:.2f} s"
+                continue
             self.trying, self._credit = (name, config), self.restart_paid(self._epoch_start)
             self._open = ("threads" if same_pool(self.incumbent, config) else "pool", self.spent_seconds)
             return Decision(config, "try", f"trying {name}: {config.describe()}")
+        if waiting is not None:  # none affordable: the run has to grow first
+            return Decision(self.incumbent, "measure",
+                            f"exploration waits: {waiting}, {max(0.0, self.left()):.2f} s of its "
+                            f"{self.explore_share:.0%} of {self.seen_seconds:.2f} s left")
         self._settle()
         return Decision(self.incumbent, "settle", "settled: no move left to try")
 
