@@ -4,6 +4,7 @@ every list of backends, name pattern and per-backend decision comes from the reg
 
 from __future__ import annotations
 
+import itertools
 import struct
 import zlib
 from collections.abc import Iterator
@@ -29,10 +30,14 @@ class ShelfCache(DiskCache):
         return 0, int((float(bytes_per_sample) + 4096) * n + (1 << 20))  # a block per file at least
 
     @classmethod
+    def build_held(cls, sample_bytes: float, n: int | None) -> int:
+        return int(sample_bytes)  # the record it packs: each goes to its file at once
+
+    @classmethod
     def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict[str, Any]:
         (tmp / RECORDS).mkdir()
         count = 0
-        for sample in [*head, *samples]:
+        for sample in itertools.chain(head, samples):
             record = pack(schema, sample)
             (tmp / RECORDS / f"{count}.bin").write_bytes(struct.pack(">I", zlib.crc32(record)) + record)
             count += 1

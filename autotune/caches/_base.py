@@ -328,6 +328,13 @@ class DiskCache(Cache):
     # -- writing ----------------------------------------------------------------------------------------
     @classmethod
     @abc.abstractmethod
+    def build_held(cls, sample_bytes: float, n: int | None) -> int:
+        """What ``_write`` holds in the building process at its peak beside the samples it is handed (its
+        buffers, its library's copies of them), for ``n`` samples of ``sample_bytes`` (None: not known, the
+        backend's own cap bounds it): the memory plan counts it for a build (``tuner._memory_plan``)."""
+
+    @classmethod
+    @abc.abstractmethod
     def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict[str, Any]:
         """Write all ``n`` samples into the directory ``tmp``; return backend facts for the manifest."""
 

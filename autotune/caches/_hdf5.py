@@ -48,6 +48,13 @@ class Hdf5Cache(DiskCache):
         _require_h5py()
 
     @classmethod
+    def build_held(cls, sample_bytes: float, n: int | None) -> int:
+        # The rows _write buffers (up to _WRITE_BYTES) and h5py's copy of them as it writes the slice: measured
+        # with 96 samples of 1 MiB (16 buffered), 26 MiB over the pickle backend's peak RSS (glibc).
+        rows = max(1, min(n or 1024, 1024, _WRITE_BYTES // max(1, int(sample_bytes))))
+        return 2 * rows * int(sample_bytes)
+
+    @classmethod
     def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict[str, Any]:
         _require_h5py()
         cols = schema.columns

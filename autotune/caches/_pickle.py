@@ -16,6 +16,7 @@ from autotune.caches._family import register
 
 DATA, INDEX = "data.bin", "index.npy"
 FILE, OFFSET, LENGTH, CRC = range(4)  # the index's columns
+_WRITE_BUFFER = 1 << 20
 
 
 @register
@@ -33,11 +34,18 @@ class PickleCache(DiskCache):
         return 0, int(float(bytes_per_sample) * n * 1.02 + 16 * n + (1 << 20))
 
     @classmethod
+    def build_held(cls, sample_bytes: float, n: int | None) -> int:
+        # One record at a time into a file buffered by _WRITE_BUFFER, and the index (4 int64 a sample); measured
+        # with 96 samples of 1 MiB made as they are written (a process's peak RSS over its start): 4-5 MiB under
+        # tcmalloc and jemalloc, 13 under glibc (with the samples made); the other backends' are stated over it.
+        return _WRITE_BUFFER + int(sample_bytes) + 32 * (n or 0)
+
+    @classmethod
     def _write(cls, tmp: Path, schema: Schema, n: int, samples: Iterator[Any], head: list[Any]) -> dict[str, Any]:
         index = np.zeros((n, 4), dtype=np.int64)
         pos = 0
         count = 0
-        with open(tmp / DATA, "wb", buffering=1 << 20) as fh:
+        with open(tmp / DATA, "wb", buffering=_WRITE_BUFFER) as fh:
             for k, sample in enumerate(_chain(head, samples)):
                 if k >= n:
                     raise RuntimeError(f"The dataset gave more than the {n} samples expected.")
