@@ -206,7 +206,7 @@ def test_a_builds_workers_start_as_the_process_starts_them_and_the_plan_counts_t
                            build_workers=2, build_context=m) for m in ("fork", "spawn", "forkserver")}
     config = LoaderConfig(cache=backend)
     chunk = caches.READ_CHUNK
-    main = 10 + 5
+    main = 10 + 5 + caches.get_backend(backend).build_held(1, None)  # and what its writer holds beside the chunks
     assert plan["fork"]._build(config) == main + 2 * chunk + 2 * (10 + 3 * chunk)
     assert plan["spawn"]._build(config) == main + 2 * chunk + 2 * (10 + 3 * chunk + 100 + 5)
     assert plan["forkserver"]._build(config) == plan["spawn"]._build(config) + 100  # and its server

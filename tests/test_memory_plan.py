@@ -49,22 +49,48 @@ def test_a_cache_built_before_the_first_epoch_counts_its_builds_workers_not_the_
     """The build's forked workers hold their heap and their samples in flight; the loader's workers start after
     it; the peak is the larger phase. 1 MiB samples, 2 build workers: a disk build holds 20 MiB (heap, dataset)
     + 32 MiB (a received chunk of 16 samples and their unpickled copies) + 2 x (16 + 48) MiB (three chunks in
-    flight each) = 180 MiB; a memory build 20 + 16 (the schema's head) + 2 x (16 + 1) = 70 MiB, beside its
-    cache."""
+    flight each) = 180 MiB, and its writer's beside them (hdf5: 2 x 16 rows; lmdb: 2 x 64 MiB of one
+    transaction; pickle: its 1 MiB buffer and a record); a memory build 20 + 16 (the schema's head) + 2 x
+    (16 + 1) = 70 MiB, beside its cache."""
     built = replace(MEMORY, sample_bytes=MIB, build_workers=2)
-    assert built.need(LoaderConfig(cache="hdf5")) == 180 * MIB
-    assert built.need(LoaderConfig(cache="lmdb", num_workers=4, prefetch_factor=1)) == 180 * MIB  # 40 + 4 x 26
+    assert built.need(LoaderConfig(cache="hdf5")) == 212 * MIB
+    assert built.need(LoaderConfig(cache="lmdb", num_workers=4, prefetch_factor=1)) == 308 * MIB  # > 40 + 4 x 26
     assert built.need(LoaderConfig(cache="pickle", num_workers=6, prefetch_factor=1)) == 196 * MIB  # training's
+    assert built.need(LoaderConfig(cache="pickle")) == 182 * MIB
     assert built.need(LoaderConfig(cache="memory"), cache_bytes=50 * MIB) == 70 * MIB + 50 * MIB
     # a cache the first epoch fills has no build: the loader's workers are the trial's
     assert built.need(LoaderConfig(cache="hdf5", cache_fill="first_epoch")) == 40 * MIB
     assert built.need(LoaderConfig()) == 40 * MIB
     # on one CPU the trial builds alone, a chunk at a time
-    assert replace(built, build_workers=0).need(LoaderConfig(cache="hdf5")) == 40 * MIB  # 20 + 16 < training's
-    assert replace(built, budget=180 * MIB).over_budget(LoaderConfig(cache="hdf5")) is None
-    assert replace(built, budget=180 * MIB - 1).over_budget(LoaderConfig(cache="hdf5")) == (
-        "not tried: it would hold ~180.0 MiB, over the memory budget of 180.0 MiB (the cgroup memory limit of "
+    assert replace(built, build_workers=0).need(LoaderConfig(cache="hdf5")) == 68 * MIB  # 20 + 16 + 32 > 40
+    assert replace(built, build_workers=0).need(LoaderConfig(cache="pickle")) == 40 * MIB  # 20 + 16 + 2 < 40
+    assert replace(built, budget=212 * MIB).over_budget(LoaderConfig(cache="hdf5")) is None
+    assert replace(built, budget=212 * MIB - 1).over_budget(LoaderConfig(cache="hdf5")) == (
+        "not tried: it would hold ~212.0 MiB, over the memory budget of 212.0 MiB (the cgroup memory limit of "
         "700.0 MiB (test))")
+
+
+def test_an_lmdb_build_counts_the_transaction_its_writer_holds_in_the_main_process():
+    """lmdb's writer keeps up to ``_TXN_BYTES`` (64 MiB) of records for one transaction and the transaction copies
+    them into its dirty pages before the commit: with 1 MiB samples and 2 forked build workers, 20 + 32 + 2 x
+    (16 + 48) = 180 MiB as any disk build, and 2 x 64 MiB beside it; a build of fewer samples than a transaction
+    holds them twice (40 samples: 2 x 40 MiB); under tcmalloc, 145 (spawned) + 5 x 16 + 128 + 2 x (30 + 64)."""
+    from autotune.caches import LmdbCache
+    from autotune.caches._lmdb import _TXN_BYTES
+    from autotune.tuner._runner import ForkCharges
+
+    built = replace(MEMORY, sample_bytes=MIB, build_workers=2)
+    assert _TXN_BYTES == 64 * MIB
+    assert LmdbCache.build_held(MIB, None) == LmdbCache.build_held(MIB, 96) == 128 * MIB
+    assert built.need(LoaderConfig(cache="lmdb")) == (180 + 128) * MIB
+    assert replace(built, build_samples=96).need(LoaderConfig(cache="lmdb")) == (180 + 128) * MIB
+    assert replace(built, build_samples=40).need(LoaderConfig(cache="lmdb")) == (180 + 80) * MIB
+    assert replace(built, build_workers=0).need(LoaderConfig(cache="lmdb")) == (20 + 16 + 128) * MIB
+    spawned = replace(built, tracker=11 * MIB, build_context="fork",
+                      spawned=lambda _: ForkCharges(interpreter=130 * MIB, forked=30 * MIB, tracker=11 * MIB))
+    assert spawned.need(LoaderConfig(cache="lmdb", allocator="tcmalloc")) == (
+        145 + 80 + 128 + 2 * (30 + 64)) * MIB
+    assert spawned.need(LoaderConfig(cache="lmdb", allocator="jemalloc")) == (145 + 32 + 128 + 2 * (30 + 48)) * MIB
 
 
 def test_a_trials_resource_tracker_is_counted_once_per_trial_and_never_per_worker():
@@ -77,7 +103,7 @@ def test_a_trials_resource_tracker_is_counted_once_per_trial_and_never_per_worke
     assert tracked.need(LoaderConfig(num_workers=3, prefetch_factor=1)) == 46 * MIB + 3 * 26 * MIB
     assert tracked.worker("fork", 1) == MEMORY.worker("fork", 1) == 26 * MIB
     built = replace(tracked, sample_bytes=MIB, build_workers=2)
-    assert built.need(LoaderConfig(cache="hdf5")) == 186 * MIB  # the build's 180 and the tracker beside it
+    assert built.need(LoaderConfig(cache="hdf5")) == 218 * MIB  # the build's 212 and the tracker beside it
     assert replace(tracked, ranks=2).need(DEFAULT) == 92 * MIB
     assert replace(tracked, budget=46 * MIB - 1).over_budget(DEFAULT) == (
         "not tried: it would hold ~46.0 MiB, over the memory budget of 46.0 MiB (the cgroup memory limit of "
@@ -110,12 +136,13 @@ def test_a_preloaded_trial_is_planned_from_the_figures_measured_spawned_under_it
         165 * MIB + 2 * (10 + 30) * MIB)
     assert measured.need(LoaderConfig(num_workers=1, prefetch_factor=1, multiprocessing_context="forkserver",
                                       allocator="jemalloc")) == 165 * MIB + (10 + 30 + 130 + 4) * MIB + 130 * MIB
-    # a disk build forked from it: 145 + 2 chunks + 2 x (30 + 3 chunks) under jemalloc; tcmalloc keeps 5 and 4
+    # a disk build forked from it: 145 + 2 chunks + 2 x (30 + 3 chunks) under jemalloc; tcmalloc keeps 5 and 4;
+    # hdf5's writer holds 2 x 16 rows beside them, pickle's its buffer and a record
     built = replace(measured, sample_bytes=MIB, build_workers=2, build_context="fork")
-    assert built.need(LoaderConfig(cache="hdf5", allocator="jemalloc")) == (145 + 32 + 2 * (30 + 48)) * MIB
-    assert built.need(LoaderConfig(cache="hdf5", allocator="tcmalloc")) == (145 + 80 + 2 * (30 + 64)) * MIB
+    assert built.need(LoaderConfig(cache="hdf5", allocator="jemalloc")) == (145 + 32 + 32 + 2 * (30 + 48)) * MIB
+    assert built.need(LoaderConfig(cache="hdf5", allocator="tcmalloc")) == (145 + 80 + 32 + 2 * (30 + 64)) * MIB
     assert replace(built, ranks=2).need(LoaderConfig(cache="pickle", allocator="jemalloc")) == (
-        2 * (145 + 32 + 2 * (30 + 48)) * MIB)
+        2 * (145 + 32 + 2 + 2 * (30 + 48)) * MIB)
     assert built.started(LoaderConfig(allocator="tcmalloc")).tracker == 11 * MIB
     assert built.started(DEFAULT) is built
     assert asked == ["tcmalloc", "jemalloc", "jemalloc", "jemalloc", "jemalloc", "tcmalloc", "jemalloc", "tcmalloc"]
@@ -191,10 +218,11 @@ def test_an_allocator_that_keeps_what_it_frees_holds_the_main_processs_peak_with
     assert MEMORY.need(LoaderConfig(num_workers=1, prefetch_factor=1, allocator="glibc-tuned")) == 40 * MIB + 26 * MIB
     # a build phase holds chunks, not batches: the larger phase counts, the training's now 20 + 4 x 10 = 60 MiB
     built = replace(MEMORY, sample_bytes=MIB, build_workers=2)
-    # a disk build keeps freed chunks too: 20 + 5 x 16 (KEPT_CHUNKS_IN_MAIN) + 2 x (16 + 4 x 16) = 260 MiB, not 180
-    assert built.need(LoaderConfig(cache="hdf5", allocator="glibc-tuned")) == 260 * MIB
+    # a disk build keeps freed chunks too: 20 + 5 x 16 (KEPT_CHUNKS_IN_MAIN) + 2 x (16 + 4 x 16) = 260 MiB, not 180,
+    # and hdf5's writer its 2 x 16 rows
+    assert built.need(LoaderConfig(cache="hdf5", allocator="glibc-tuned")) == 292 * MIB
     assert built.need(LoaderConfig(cache="memory", allocator="glibc-tuned"), cache_bytes=50 * MIB) == 120 * MIB  # 70
-    assert replace(built, build_workers=0).need(LoaderConfig(cache="hdf5", allocator="glibc-tuned")) == 60 * MIB
+    assert replace(built, build_workers=0).need(LoaderConfig(cache="pickle", allocator="glibc-tuned")) == 60 * MIB
 
 
 def test_fit_space_cuts_workers_and_start_methods_with_a_note_each():
@@ -480,8 +508,11 @@ def test_an_execd_process_in_a_forked_tree_takes_nothing_off_what_the_tree_adds(
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("config", [LoaderConfig(cache="pickle"), LoaderConfig(cache="hdf5", allocator="tcmalloc"),
-                                    LoaderConfig(cache="pickle", allocator="jemalloc")],
-                         ids=["pickle-forked", "hdf5-tcmalloc-spawned", "pickle-jemalloc-spawned"])
+                                    LoaderConfig(cache="pickle", allocator="jemalloc"), LoaderConfig(cache="lmdb"),
+                                    LoaderConfig(cache="lmdb", allocator="jemalloc"),
+                                    LoaderConfig(cache="lmdb", allocator="tcmalloc")],
+                         ids=["pickle-forked", "hdf5-tcmalloc-spawned", "pickle-jemalloc-spawned", "lmdb-forked",
+                              "lmdb-jemalloc-spawned", "lmdb-tcmalloc-spawned"])
 def test_a_trial_the_plan_admits_is_never_stopped_by_the_guard_held_to_its_plan(config, tmp_path):
     """The invariant end to end, real processes: a trial whose guard budget is exactly its planned need (the figures
     measured as a search measures them) runs to its end, and what its run holds is within it. A disk cache built

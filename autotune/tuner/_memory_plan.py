@@ -35,7 +35,9 @@ measured, and what cannot fit is not tried, with a note, instead of being left t
   ``caches.READ_CHUNK`` samples at a time and the loader prefetches two such chunks of it, while the main
   process unpickles one and writes one; a memory build's worker writes each sample straight into the cache's
   columns; under an allocator that keeps what it frees, a disk build's processes keep freed chunks too:
-  ``KEPT_CHUNKS_IN_MAIN`` and ``KEPT_CHUNKS_IN_WORKER``); the trial's peak is the larger of the two phases;
+  ``KEPT_CHUNKS_IN_MAIN`` and ``KEPT_CHUNKS_IN_WORKER``), and beside a disk build's chunks what its backend's
+  writer holds in the main process (``DiskCache.build_held``: lmdb's transaction, 2 x 64 MiB at most); the
+  trial's peak is the larger of the two phases;
 - all of it once per rank.
 
 ``fit_space`` narrows the space to what fits (workers, start methods) with a note for
@@ -97,6 +99,7 @@ class TrialMemory:
     # The start method a disk build's read workers get: the search's own (the user's), which a trial takes
     # (tuner/_runner.py); a memory build forks its workers always (they inherit its columns).
     build_context: str | None = None
+    build_samples: int = 0  # the samples a cache build stores, for its writer's buffers (0: not known, its cap)
     # A trial of a preloaded allocator is spawned under its preload, not forked (tuner/_runner.py: _context_for):
     # its figures, by allocator name, measured the first time such a trial is planned and kept for the search
     # (``_runner.SpawnedCharges``). None: the forked figures stand in (a spawned trial holds an interpreter more).
@@ -155,16 +158,20 @@ class TrialMemory:
         if config.cache is None or config.cache_fill != "build":
             return 0
         chunk = READ_CHUNK * self.sample_bytes
+        backend = cache_backend(config.cache)
+        # beside a disk build's samples, what its backend's writer holds (``DiskCache.build_held``: lmdb's
+        # transaction of records, hdf5's rows); a memory build writes each sample into its columns
+        writer = 0 if backend.in_memory else backend.build_held(self.sample_bytes, self.build_samples or None)
         if not self.build_workers:
-            return self._main(config) + chunk  # the trial reads the source a chunk at a time itself
-        if cache_backend(config.cache).in_memory:  # its forked workers write each sample into the columns
+            return self._main(config) + chunk + writer  # the trial reads the source a chunk at a time itself
+        if backend.in_memory:  # its forked workers write each sample into the columns
             held, in_flight = chunk, self.sample_bytes  # the schema's head, then nothing but blobs
             return self._main(config) + held + self.build_workers * (self.heap + in_flight)
-        # the main process holds a received chunk and its unpickled samples; each worker is a DataLoader worker
-        # of the process's start method (its heap, or a fresh interpreter with its own dataset)
+        # the main process holds a received chunk and its unpickled samples, and its writer's; each worker is a
+        # DataLoader worker of the process's start method (its heap, or a fresh interpreter with its own dataset)
         kept = get_allocator(config.process_settings().allocator).keeps_freed
         held, in_flight = (KEPT_CHUNKS_IN_MAIN, KEPT_CHUNKS_IN_WORKER) if kept else (2, 3)
-        held, in_flight = held * chunk, in_flight * chunk
+        held, in_flight = held * chunk + writer, in_flight * chunk
         fresh = self.build_context in FRESH_CONTEXTS
         each = self.heap + in_flight + (self.interpreter + self.dataset if fresh else 0)
         server = self.interpreter if self.build_context == "forkserver" else 0
