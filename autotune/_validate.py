@@ -322,12 +322,13 @@ def _build_parts(recipe_path: str, dataset: Any, profile: Profile, *, waited: fl
         warnings.simplefilter("ignore")
         load(recipe_path)
     parts["recipe_load"] = time.perf_counter() - start
-    if profile.config.cache and waited is not None:
-        parts["determinism_check_in_epoch_1"] = waited
-    elif profile.config.cache:
-        start = time.perf_counter()
-        check_deterministic(dataset)
-        parts["determinism_check"] = time.perf_counter() - start
+    if profile.config.cache:
+        if waited is not None:
+            parts["determinism_check_in_epoch_1"] = waited
+        else:
+            start = time.perf_counter()
+            check_deterministic(dataset)
+            parts["determinism_check"] = time.perf_counter() - start
         if not profile.config.cache_in_memory:
             start = time.perf_counter()
             dataset_key(dataset)
