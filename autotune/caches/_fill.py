@@ -88,6 +88,7 @@ class FirstEpochCache(Dataset[Any]):
         self.unchecked = _shared_array((1,), np.dtype(np.uint8))  # a deferred check is pending (``defer_check``)
         self.why = ""  # what showed the samples random (one line naming the index), once one did
         self.check_seconds = 0.0  # the deferred check's, in this process
+        self.check_cpu_seconds = 0.0  # of it, this thread's CPU (what the workers beside it could lose)
         self.deferred = False  # whether ``defer_check`` was called
         self._fallback: Callable[[], tuple[bool, str]] | None = None
         self._quiet = True  # the head's draw is said by the caller (``loader.prepare_source``), not logged
@@ -147,7 +148,7 @@ class FirstEpochCache(Dataset[Any]):
             picks = [int(k) for k in np.flatnonzero(self.filled == _WORKER)[:_COMPARED]]
         if not picks and not now:
             return
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         ours = [int(k) for k in np.flatnonzero(self.filled == _OWNER)[:1]]
         try:
             problem = self._compare(picks[:_COMPARED] + ours) if picks else self._run_fallback()
@@ -161,6 +162,7 @@ class FirstEpochCache(Dataset[Any]):
                         "from now on and keeps no cache.", problem)
         self.unchecked[0] = 0
         self.check_seconds += time.perf_counter() - start
+        self.check_cpu_seconds += time.thread_time() - cpu
 
     def _compare(self, picks: list[int]) -> str:
         for k in picks:
