@@ -53,16 +53,31 @@ configuration costs. Reaching it takes the warm-up, one epoch of the incumbent a
 move (a rejected one costs a quarter of an epoch, its probe), so ~2.5 epochs run at the recipe's speed: a
 recipe 1.4x the best's time gives adapt 1 + 2.5 x 0.4 / E of it, within 10% from E = 10; the competitor,
 from the middle epoch, costs one more epoch to see the drift. Hence 12 epochs (the phase change at the
-5th, the competitor at the 7th), of 32 batches (512 samples) so that a probe is 8 batches and a chunk 4.
+5th, the competitor at the 7th).
 
-The full run on 2 CPUs: a 60 s search and 3 proxy runs (the loader alone, ~5 s each), then 6 grid points
-x 3 conditions and 3 rows x 3 repeats x 3 scenarios plus 2 x 3 for ``no_regret``: 51 fresh runs (fewer
-where a scenario's recipe is its grid's best) of 12 epochs of 32 batches, ~21 minutes on a quiet 2-CPU
-machine (estimated: the last quiet run took 1206 s); it says its plan after the search. ``--scenarios`` runs only some
-(each scenario's grid, ~5 minutes, then its rows; ``no_regret`` reuses ``mismatch``'s grid).
+How long: by time, not by a sample count. A try is afforded only while the exploration ledger stays
+within 2% of the run so far (the policy's rule 5), and a move to another pool is priced at two switches
+and a start-up at least (tenths of a second on 2 CPUs: the last quiet run measured 0.28-0.31 s for its
+first, before the price left out the restart a non-persistent pool pays anyway; the loaded AMD EPYC VM,
+0.19 s a start-up and the switches assumed at 0.1 s each): a run of 6-12 s, 2% = 0.12-0.24 s, never
+afforded one. ``--seconds`` (default 60) is each run's length under its scenario's step as the run starts
+(the recipe's rate before a competitor or a phase change, which then lengthen it): a calibration run of the
+scenario's recipe (2 epochs, a fresh process) measures its seconds per sample, and the epochs take the
+samples that make 12 of them ``--seconds``. At 60 s, 5 s an epoch, a 0.4 s pool move and its probe fit 2%
+of the run from the end of its 5th epoch, a thread move (its probe alone) from the 2nd; once a switch is
+measured (the assumed 0.1 s each is on the high side), a pool move at an epoch's end from a non-persistent
+recipe (~0.25 s) from the 4th. A pool move after the first epoch or two would take ~150 s runs: hours.
+``--samples`` states the epoch's samples instead (no calibration).
+
+The full run on 2 CPUs at the default: a 60 s search and 3 proxy runs (the loader alone, 512 samples), 2
+calibration runs, then 6-7 grid points x 3 conditions and 3 rows x 3 repeats x 3 scenarios plus 2 x 3 for
+``no_regret``: ~55 fresh runs of ~60 s (the phase's and the competitor's longer), about 75-90 minutes on a
+quiet 2-CPU machine (estimated; it says its plan and the estimate after the calibration). ``--seconds 15``
+fits ~20 minutes and is the old size again: no pool move affordable. ``--scenarios`` runs only some
+(``no_regret`` reuses ``mismatch``'s grid).
 
     python benchmarks/adapt.py [--quick] [--scenarios mismatch phase ...] [--repeats 3] [--epochs 12]
-                               [--start '{"num_workers": 0}']   (a stated recipe instead of the search)
+                               [--seconds 60 | --samples 512] [--start '{"num_workers": 0}']
 """
 
 from __future__ import annotations
@@ -90,12 +105,15 @@ from autotune.config import LoaderConfig, usual_advice
 from autotune.errors import RecipeError
 from autotune.machine import usable_cpus
 from autotune.process import apply_at_runtime
+from autotune.recipe._adapt_policy import MIN_BATCHES
 from autotune.recipe._file import Profile
 
 NAME = "adapt"
 SCENARIOS = ("mismatch", "competitor", "phase", "no_regret")
 BATCH = 16
 NO_REGRET, NEAR_BEST = 1.03, 1.10  # the issue's bounds on adapt's whole run
+FIXED_SAMPLES = 512  # the proxy's runs, the search's dataset and a calibration's (32 batches an epoch)
+LEAST_SAMPLES = 512  # a calibrated epoch's least: a probe of 8 batches, a chunk of 4
 
 
 def competitors(count: int) -> list[subprocess.Popen[bytes]]:
@@ -144,7 +162,8 @@ def cell(params: dict[str, Any]) -> dict[str, Any]:
                 "stall": e.stall} for e in loader.history.events] if p["adapt"] else []
     # the adapting loader's own ledger (its rule 5): the run's wall over the incumbent's, as it measured it
     ledger = {"spent_s": loader.policy.spent_seconds, "seen_s": loader.policy.seen_seconds,
-              "try_costs_s": loader.policy.try_costs} if p["adapt"] else None
+              "try_costs_s": loader.policy.try_costs, "start_up_s": loader.policy.start_up,
+              "switch_s": loader.policy.switch_seconds} if p["adapt"] else None
     return {"setup_s": setup, "epoch_s": epoch_s, "total_s": setup + sum(epoch_s), "configs": configs,
             "main_threads": threads, "applied_before": applied.applied, "history": history, "ledger": ledger}
 
@@ -230,11 +249,29 @@ def searched_recipe(args: Any, work: Path, max_workers: int) -> tuple[Profile, d
         return advice, {"note": "--quick: the usual advice, no search"}
     from autotune.dataset import UserSpec
 
-    spec = UserSpec(dataset=Augmented(args.samples, args.work),
+    spec = UserSpec(dataset=Augmented(args.samples or FIXED_SAMPLES, args.work),
                     source=str(BENCHMARKS / "harness/adapt_workload.py"), batch_size=BATCH, epochs=args.epochs,
                     train_step=cheap_step, sys_path=[str(BENCHMARKS)])
     recipe, outcome, timing = autotune_search(spec, budget=args.budget, workdir=work / "search")
     return recipe.profile, search_record(recipe, outcome, timing)
+
+
+def sized(seconds_per_sample: float, seconds: float, epochs: int) -> int:
+    """The samples of an epoch that make ``epochs`` of them ``seconds`` at ``seconds_per_sample``: whole
+    batches, at least ``LEAST_SAMPLES``."""
+    batches = round(seconds / epochs / (seconds_per_sample * BATCH))
+    return max(LEAST_SAMPLES, BATCH * batches)
+
+
+def calibrate(run: Any, recipe: LoaderConfig, seconds: float, epochs: int) -> tuple[int, dict[str, Any]]:
+    """The samples of an epoch that make ``epochs`` of them ``seconds`` for ``recipe`` under the step as the run
+    starts: ``run(config, samples)`` runs 2 epochs of ``FIXED_SAMPLES`` in a fresh process, and the second's
+    seconds per sample (the first warms up) sets it."""
+    measured = run(recipe, FIXED_SAMPLES)
+    per_sample = measured["epoch_s"][-1] / FIXED_SAMPLES
+    samples = sized(per_sample, seconds, epochs)
+    return samples, {"config": recipe.to_json(), "epoch_s": measured["epoch_s"], "seconds_per_sample": per_sample,
+                     "samples": samples}
 
 
 def regret(totals: dict[str, list[float | None]], recipe_is_best: bool) -> dict[str, Any]:
@@ -277,7 +314,9 @@ def ratio_text(ratio: dict[str, Any] | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = output.parser(__doc__, NAME)
     p.add_argument("--epochs", type=int, default=12)
-    p.add_argument("--samples", type=int, default=512)
+    p.add_argument("--seconds", type=float, default=60.0, help="each run's length under its step as it starts, "
+                   "seconds: sets the samples of an epoch from a calibration run (module docstring)")
+    p.add_argument("--samples", type=int, default=None, help="an epoch's samples instead of --seconds")
     p.add_argument("--work", type=int, default=16, help="rounds of numpy work per sample")
     p.add_argument("--step-rounds", type=int, default=40, help="matmuls per training step")
     p.add_argument("--budget", type=float, default=60.0, help="scenario 1's search, seconds")
@@ -291,13 +330,16 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(0)  # no exit hooks: the run is measured, not its teardown
     if args.quick:
         args.epochs, args.samples, args.work, args.step_rounds = 4, 64, 1, 2
+    if args.samples is not None and args.samples < BATCH * MIN_BATCHES:
+        raise SystemExit(f"adapt: --samples below {BATCH * MIN_BATCHES}: an epoch of {MIN_BATCHES} batches at least")
     repeats = args.repeats or (1 if args.quick else 3)
     started = time.perf_counter()
     work = output.workdir(args.workdir, NAME)
     max_workers = usable_cpus()
     # the phase: the step three times heavier from the 5th epoch (0-based 4) where there are enough after it
-    base = {"epochs": args.epochs, "samples": args.samples, "work": args.work, "step_rounds": args.step_rounds,
+    base = {"work": args.work, "step_rounds": args.step_rounds,
             "phase_epoch": 4 if args.epochs >= 7 else args.epochs // 2}
+    sizes: dict[str, int] = {}  # an epoch's samples under each scenario's conditions (``calibrate``)
     # no_regret's recipe is the grid's; --start states the recipe
     searching = not args.quick and not args.start and any(s != "no_regret" for s in args.scenarios)
     if searching:
@@ -307,10 +349,13 @@ def main(argv: list[str] | None = None) -> int:
                     source="benchmarks/adapt.py"), {"note": "no_regret alone: no search"}))
     searched = profile.config
 
-    def run(scenario: str, config: LoaderConfig, adapt: bool) -> dict[str, Any]:
+    def run(scenario: str, config: LoaderConfig, adapt: bool, *, samples: int | None = None,
+            epochs: int | None = None) -> dict[str, Any]:
+        epochs = epochs or args.epochs
         params = {**base, "scenario": scenario, "profile": profile.to_dict(), "config": config.to_json(),
-                  "adapt": adapt}
-        return run_fresh(__file__, scenario, params, epochs=args.epochs, timeout=900)
+                  "adapt": adapt, "epochs": epochs,
+                  "samples": samples or sizes.get(scenario) or args.samples or FIXED_SAMPLES}
+        return run_fresh(__file__, scenario, params, epochs=epochs, timeout=900)
 
     recipes = {s: searched for s in args.scenarios}
     proxy: dict[str, Any] = {"note": "not run: no scenario starts from it"}
@@ -319,11 +364,29 @@ def main(argv: list[str] | None = None) -> int:
         recipes.update({s: proxied for s in args.scenarios if s in PROXIED})
     points = {s: grid(recipes[s], max_workers, args.quick) for s in args.scenarios}
     conditions_run = {GRID_OF.get(s, s): points[s] for s in args.scenarios}
+    calibration: dict[str, Any] = {"note": f"--samples {args.samples}: no calibration"}
+    if args.samples is None:  # sized by time: each conditions' recipe calibrated once (the step as it starts)
+        calibration = {}
+        for s in args.scenarios:
+            conditions = GRID_OF.get(s, s)
+            if conditions in sizes:
+                continue
+            recipe = recipes[s]
+            done = next((c for c in calibration.values() if c["config"] == recipe.to_json()), None)
+            if done is None:
+                _, done = calibrate(lambda config, samples: run("mismatch", config, False, samples=samples, epochs=2),
+                                    recipe, args.seconds, args.epochs)
+            calibration[conditions], sizes[conditions] = done, done["samples"]
+            output.say(f"adapt: {conditions}: {recipe.describe()} at {done['seconds_per_sample'] * 1e3:.2f} ms a "
+                       f"sample: {done['samples']} samples an epoch for {args.seconds:g} s a run")
     planned = (sum(len(p) for p in conditions_run.values())
                + sum(repeats * (2 if s == "no_regret" else 3) for s in args.scenarios))
+    epoch_text = ", ".join(f"{c}: {n}" for c, n in sizes.items()) or str(args.samples or FIXED_SAMPLES)
     output.say(f"adapt: recipes {', '.join(f'{s}: {recipes[s].describe()}' for s in args.scenarios)}; at most "
-               f"{planned} fresh runs of {args.epochs} epochs of {args.samples} samples (grid points under "
-               f"{len(conditions_run)} conditions)")
+               f"{planned} fresh runs of {args.epochs} epochs of {epoch_text} samples (grid points under "
+               f"{len(conditions_run)} conditions)"
+               + (f", ~{args.seconds:g} s each before a competitor or a phase change lengthens it: "
+                  f"~{planned * (args.seconds + 3) / 60:.0f} minutes at least" if sizes else ""))
     grids: dict[str, list[dict[str, Any]]] = {}
     results: dict[str, Any] = {}
     rows = []
@@ -343,7 +406,9 @@ def main(argv: list[str] | None = None) -> int:
                      ratio_text(r["adapt_over_fixed"]), f"{goal['ratio']} ≤ {goal['bound']:.2f}: {goal['verdict']}"])
     table = output.markdown_table(["scenario", "fixed recipe", "grid best", "fixed s", "adapt=True s", "grid best s",
                                    "adapt ÷ best", "adapt ÷ fixed", "goal"], rows)
-    notes = [f"{args.samples} samples of {args.work} numpy rounds and a random augmentation (uncachable), batch "
+    notes = [f"{epoch_text} samples an epoch ("
+             + (f"sized for {args.seconds:g} s a run under the step as it starts" if sizes else "stated")
+             + f") of {args.work} numpy rounds and a random augmentation (uncachable), batch "
              f"{BATCH}, {args.epochs} epochs, a step of {args.step_rounds} 256x256 matmuls; whole-run wall seconds, "
              f"median (min–max) of {repeats} interleaved fresh processes; the ratios over the interleaved pairs.",
              "mismatch's recipe: the fastest worker count under the proxy (no step: the loader alone), torch's "
@@ -355,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
              "no_regret runs under mismatch's conditions and takes its grid; its recipe is the grid's best, so its "
              "grid best row is its fixed recipe runs."]
     return output.finish(NAME, args, started, [table], notes, {
-        "repeats": repeats, "epochs": args.epochs, "samples": args.samples, "batch_size": BATCH,
+        "repeats": repeats, "epochs": args.epochs, "samples": sizes or args.samples, "seconds": args.seconds,
+        "calibration": calibration, "batch_size": BATCH,
         "search": search, "proxy": proxy, "grid": {s: [c.to_json() for c in p] for s, p in points.items()},
         "scenarios": results}, machine=machine.facts())
 

@@ -540,3 +540,131 @@ def test_a_kept_moves_gain_is_not_banked_for_losing_to_the_new_incumbent():
     # over 2% of the run by less than the one batch that crossed it: 0.18 - 0.02 x 8.27 = 0.0146 s
     assert policy.spent_seconds - EXPLORE_SHARE * policy.seen_seconds == pytest.approx(
         9 * 0.020 - EXPLORE_SHARE * (2 * 3.0 + 100 * 0.010 + 1.0 + 9 * 0.030))
+
+
+NP = W2.refit(persistent_workers=False)  # a pool that restarts every epoch (the competitor's and phase's recipe)
+
+
+def at(o, *, mid_epoch):
+    """``o`` ended mid-epoch (at a chunk boundary) or at its epoch's end: where the next part starts."""
+    return dataclasses.replace(o, mid_epoch=mid_epoch)
+
+
+def test_a_tries_price_is_what_the_run_pays_beyond_the_fixed_run_at_the_same_point():
+    """Rule 5a's invariant, for every kind of move, at an epoch boundary and mid-epoch, from a pool that restarts
+    every epoch and from a persistent one: the switch there and back (assumed: 0.1 s each), the new pool's
+    start-up and the incumbent's again (measured: 0.15 s), less the incumbent's restart, which a
+    non-persistent pool's fixed run pays at an epoch boundary too. A thread move is nothing anywhere."""
+    s, w = 0.15, ASSUMED_SWITCH
+    restarts = Policy(NP, max_workers=4, cuda=True, threads=2)
+    restarts.decide(part(NP, 10.0, start_up=s))  # the warm-up measures the start-up
+    persistent = Policy(W2, max_workers=4, cuda=True, threads=2)
+    persistent.decide(part(W2, 10.0, start_up=s))
+    assert restarts.start_up == persistent.start_up == s and restarts.switch_seconds is None
+    for policy in (restarts, persistent):
+        inc = policy.incumbent
+        pool_moves = {"more workers": inc.refit(num_workers=3), "more prefetch": inc.refit(prefetch_factor=4),
+                      "less prefetch": inc.refit(prefetch_factor=1), "pin memory": inc.refit(pin_memory=True),
+                      "persistence": inc.refit(persistent_workers=not inc.persistent_workers)}
+        for name, config in pool_moves.items():
+            mid = policy.price(config, epoch_start=False)
+            assert mid == pytest.approx(2 * w + 2 * s), name  # mid-epoch: only the adapting run restarts
+            assert policy.price(config, epoch_start=True) == pytest.approx(
+                2 * w + s if policy is restarts else 2 * w + 2 * s), name
+        no_workers = inc.refit(num_workers=0, prefetch_factor=None, persistent_workers=False)
+        assert policy.price(no_workers, epoch_start=False) == pytest.approx(2 * w + s)  # the way back's start-up
+        assert policy.price(no_workers, epoch_start=True) == pytest.approx(2 * w if policy is restarts else 2 * w + s)
+        for epoch_start in (True, False):
+            assert policy.price(inc.refit(main_threads=1), epoch_start=epoch_start) == 0.0
+    # without an incumbent pool there is no restart to pay, at an epoch boundary or not
+    bare = Policy(Z, max_workers=2, threads=2)
+    assert bare.price(POOL1, epoch_start=True) == bare.price(POOL1, epoch_start=False) == pytest.approx(
+        2 * w + ASSUMED_START_UP)
+    # unstated, the point is where the next part starts: the last observation's end
+    restarts.decide(at(part(NP, 10.0, batches=50), mid_epoch=True))
+    assert restarts.price(W3) == pytest.approx(2 * w + 2 * s)
+    restarts.decide(at(part(NP, 10.0, batches=50), mid_epoch=False))
+    assert restarts.price(W3) == pytest.approx(2 * w + s)
+
+
+def test_a_try_from_a_pool_that_restarts_every_epoch_is_charged_as_priced_where_it_starts():
+    """The ledger follows the price: a try starting an epoch from a non-persistent pool is charged its wall
+    over the fixed run's from the same point (the incumbent's restart, 0.15 s, then its 10 ms batches), so its
+    own start-up is not extra; started mid-epoch, it is. Each try is afforded at its price: at the epoch
+    boundary the first move, persistence, fits 2% of the run from the 16th epoch (0.35 s and the probe's
+    0.0178 s), not the 23rd its old price (0.5 s) waited for, and the budget check does not end it at once."""
+    policy = Policy(NP, max_workers=4)
+    events = [policy.decide(part(NP, 10.0, start_up=0.15)).event for _ in range(16)]  # 1.15 s an epoch
+    assert events == ["warm-up"] + ["measure"] * 14 + ["try"]
+    assert policy.trying == ("persistent workers", W2)
+    expected = 0.35 + 25 * 0.0115 * (math.exp(LOSS) - 1)  # the probe at the incumbent's figure, 11.5 ms a batch
+    assert policy.expected_cost(W2, policy.stats[NP]) == pytest.approx(expected)
+    assert EXPLORE_SHARE * 15 * 1.15 < expected <= EXPLORE_SHARE * 16 * 1.15
+    probe_obs = loader_part(policy, W2, 10.0, 25, start_up=0.15, overhead=0.1, probe=True)
+    assert not probe_obs.capped  # 0.35 s reserved against 0.368 s allowed: fits, as priced
+    assert policy.decide(probe_obs).event == "continue"
+    assert policy.spent_seconds == pytest.approx(0.1)  # the switch alone: the start-up replaced the restart
+    d = policy.decide(part(W2, 10.0, batches=75))
+    assert (d.event, d.config) == ("keep", W2) and policy.spent_seconds == pytest.approx(0.1)
+    # the same try mid-epoch (a long epoch's chunk boundary): its start-up is beyond the fixed run's
+    mid = Policy(NP, max_workers=4, explore_share=1)
+    mid.decide(part(NP, 10.0, start_up=0.15))
+    mid.decide(part(NP, 10.0, start_up=0.15))
+    d = mid.decide(at(part(NP, 10.0, batches=50), mid_epoch=True))  # the incumbent's second part, no restart
+    assert (d.event, d.config) == ("try", W2)
+    mid.decide(part(W2, 10.0, batches=12, start_up=0.15, overhead=0.1, probe=True))
+    assert mid.spent_seconds == pytest.approx(0.1 + 0.15)
+
+
+def test_an_unaffordable_move_leaves_the_next_affordable_one_to_be_tried():
+    """Rule 5a: the moves in their order of promise; one the budget cannot pay for yet does not hold up the
+    next that it can. With a step that barely waits, fewer workers and less prefetch lead (new pools: 0.5 s and
+    the probe) and more main threads follows (in place: the probe alone, 25 batches at 6% over 10 ms); after
+    the warm-up (1.15 s) and one epoch (1 s), 2% of the run (0.043 s) pays the third only, so it is tried."""
+    policy = Policy(W2, max_workers=4, threads=2)
+    policy.decide(part(W2, 10.0, start_up=0.15, stall=LOW))
+    floor = 25 * 0.010 * (math.exp(LOSS) - 1)
+    d = policy.decide(part(W2, 10.0, stall=LOW))
+    more_main = W2.refit(main_threads=4)
+    assert (d.event, d.config) == ("try", more_main) and d.line.startswith("trying more main threads")
+    assert policy.expected_cost(W1, policy.stats[W2]) == pytest.approx(2 * ASSUMED_SWITCH + 2 * 0.15 + floor)
+    assert policy.expected_cost(more_main, policy.stats[W2]) == pytest.approx(floor)
+    assert policy.spent_seconds == 0.0 and policy.left() == pytest.approx(EXPLORE_SHARE * 2.15)
+    # the try, 2% slower throughout: within its probe's loss, then judged whole and reverted; the ledger holds
+    # its 100 batches' 0.2 ms each, the run 2.15 s and its 1.02 s
+    probe_obs = loader_part(policy, more_main, 10.2, 25, probe=True, stall=LOW)
+    assert not probe_obs.capped and policy.decide(probe_obs).event == "continue"
+    rest = loader_part(policy, more_main, 10.2, 75, stall=LOW)
+    assert not rest.capped and policy.decide(rest).event == "revert"
+    assert policy.spent_seconds == pytest.approx(100 * 0.0002)
+    assert policy.seen_seconds == pytest.approx(2.15 + 1.02)
+    assert policy.left() == pytest.approx(EXPLORE_SHARE * 3.17 - 0.02)
+
+
+def test_exploration_waits_only_when_no_move_is_affordable_and_the_ledger_stays_in_budget():
+    """With the thread split fixed, every move is a new pool (0.5 s and the probe): none fits 2% of the first
+    epochs, so the policy waits, saying the most promising one's cost, the ledger untouched; the first try
+    starts at the epoch whose 2% pays it, and the ledger then holds exactly what it spent."""
+    policy = Policy(W2, max_workers=4, threads=2, fixed=frozenset({"main_threads"}))
+    policy.decide(part(W2, 10.0, start_up=0.15, stall=LOW))
+    expected = 2 * ASSUMED_SWITCH + 2 * 0.15 + 25 * 0.010 * (math.exp(LOSS) - 1)
+    d = policy.decide(part(W2, 10.0, stall=LOW))
+    assert (d.event, d.config) == ("measure", W2)
+    assert d.line == (f"exploration waits: fewer workers would cost {expected:.2f} s, 0.04 s of its 2% of "
+                      "2.15 s left")
+    epochs = 2
+    while d.event == "measure":
+        d = policy.decide(part(W2, 10.0, stall=LOW))
+        epochs += 1
+        assert policy.spent_seconds == 0.0
+    # the first epoch whose 2% covers the expectation: 1.15 s and 1 s an epoch after it
+    assert epochs == 1 + math.ceil((expected / EXPLORE_SHARE - 1.15) / 1.0)
+    assert (d.event, d.config) == ("try", W1)
+    seen = policy.seen_seconds
+    assert seen == pytest.approx(1.15 + (epochs - 1) * 1.0)
+    # its probe as fast as the incumbent, its pool's start-up 0.15 s and the switch there 0.1 s: charged exactly
+    probe_obs = loader_part(policy, W1, 10.0, 25, start_up=0.15, overhead=0.1, probe=True, stall=LOW)
+    assert not probe_obs.capped
+    policy.decide(probe_obs)
+    assert policy.spent_seconds == pytest.approx(0.25)
+    assert policy.left() == pytest.approx(EXPLORE_SHARE * (seen + 0.25 + 0.25) - 0.25)

@@ -463,6 +463,8 @@ def test_a_long_epoch_switches_at_its_parts_with_a_plain_loaders_batches_and_one
     assert all(n == workers for workers, n in alive), alive
     events = loader.history.events
     assert [e.mid_epoch for e in events[:6]] == [True] * 5 + [False] and len(events) == 18
+    # the policy is told where each part ended, so a try's price knows where it starts (rule 5a)
+    assert [o.mid_epoch for o in loader.policy.seen] == [e.mid_epoch for e in events]
     assert [e.config for e in events[:6]] == SCRIPT  # each part under the configuration chosen for it
     assert all(e.next_config != e.config for e in events[:5])  # five switches inside the first epoch
     assert loader.epoch == 3 and len(loader) == 25 and loader.batch_size == 8

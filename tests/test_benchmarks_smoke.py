@@ -262,6 +262,25 @@ def test_adapt_regret_over_interleaved_pairs():
     assert out["adapt_over_fixed"] is None and out["goal"]["verdict"] == "not measured"
 
 
+def test_adapt_sizes_each_run_by_time_from_a_calibration_run():
+    """--seconds: the epoch's samples make 12 epochs that long at the calibration's second epoch's seconds per
+    sample (its first warms up), in whole batches of 16, never under 512 (a probe of 8 batches)."""
+    adapt = _script("adapt")
+    assert adapt.sized(0.001, 60.0, 12) == 16 * 312  # 5 s an epoch at 16 ms a batch: 312.5 batches
+    assert adapt.sized(0.001, 6.0, 12) == 512  # 31 batches: the least
+    seen = []
+
+    def run(config, samples):
+        seen.append((config, samples))
+        return {"epoch_s": [2.0, 0.512]}  # 1 ms a sample after the warm-up
+
+    recipe = adapt.LoaderConfig(num_workers=2)
+    samples, record = adapt.calibrate(run, recipe, 60.0, 12)
+    assert samples == 16 * 312 and seen == [(recipe, 512)]
+    assert record == {"config": recipe.to_json(), "epoch_s": [2.0, 0.512], "seconds_per_sample": 0.001,
+                      "samples": 16 * 312}
+
+
 def _script(name):
     """A benchmark script as a module (its ``harness`` package importable)."""
     if str(BENCH) not in sys.path:

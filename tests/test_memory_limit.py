@@ -324,3 +324,64 @@ def test_a_trial_killed_by_the_oom_killer_is_a_failed_trial_and_the_search_ends_
     assert got["score"] == "0"  # the search's process (here the user's) keeps its own score
     written = {p.read_text().strip() for p in scores.iterdir()}
     assert written == {"1000"}, written  # the trial's worker was the kernel's first choice
+
+
+_HANGS_WHILE_ANOTHER_IS_KILLED = """
+import subprocess, sys
+from workloads import HangsInWorkers
+from autotune.config import LoaderConfig
+from autotune.tuner._measure import Plan, Workload
+from autotune.tuner._runner import Runner, TrialFailed
+
+if __name__ == "__main__":
+    # Another job's process, in its own cgroup, is killed by the kernel while this trial hangs in its workers.
+    subprocess.Popen([*sys.argv[3:], sys.executable, "-c", "import time; time.sleep(2); b = b'x' * (1 << 30)"])
+    runner = Runner(Workload(dataset=HangsInWorkers(64), batch_size=8, epochs=1), [sys.argv[1]])
+    plan = Plan(indices=list(range(64)), length=64, batch_timeout=30)
+    try:
+        runner.run(LoaderConfig(num_workers=2, prefetch_factor=2), plan, timeout=8, log_path=sys.argv[2])
+    except TrialFailed as exc:
+        print(type(exc).__name__, exc)
+"""
+
+
+def test_another_process_killed_by_the_oom_killer_while_a_trial_hangs_leaves_the_trial_its_own_reason(tmp_path):
+    """The kernel's count of OOM kills grows for any process on the host (/proc/vmstat), so on a shared machine
+    another job's kill lands in a trial's window: the trial that timed out (no process of its own killed) keeps
+    its reason. The CI run of e5d971f (pytest -n 4, a test's cgroup OOM beside it) called a hung trial killed by
+    the OOM killer."""
+    script = tmp_path / "hangs.py"
+    script.write_text(_HANGS_WHILE_ANOTHER_IS_KILLED)
+    with _memory_cgroup(200 << 20) as cgroup:
+        run = subprocess.run([sys.executable, str(script), str(REPO / "tests"), str(tmp_path / "trial.log"),
+                              *cgroup.prefix()], capture_output=True, text=True, cwd=tmp_path, timeout=180,
+                             env={"PYTHONPATH": f"{REPO}:{REPO / 'tests'}", "PATH": "/usr/bin:/bin"})
+        kills = cgroup.oom_kills()
+    assert kills == 1, (kills, run.stderr[-2000:])  # the other process was killed, inside the window
+    assert run.stdout.startswith("TrialTimedOut timed out after 8 s"), run.stdout + run.stderr[-2000:]
+
+
+def test_only_a_process_ended_by_a_signal_can_be_the_oom_killers(tmp_path):
+    """The failures a kill produces, as the runner words them (the trial process's death, torch's two messages
+    for a worker's, the forkserver's broken pipe), against those that are not kills (a timeout, the guard's stop,
+    the user's exception, a MemoryError under an rlimit)."""
+    from autotune.tuner._runner import (
+        TrialFailed,
+        TrialTimedOut,
+        _death_reason,
+        ended_by_a_kill,
+        failure_reason,
+        worker_death_in_log,
+    )
+
+    log = tmp_path / "trial.log"
+    log.write_text("RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed. \n")
+    kills = [TrialFailed(worker_death_in_log(str(log))), TrialFailed(_death_reason(-9)), TrialFailed(_death_reason(-15)),
+             TrialFailed(failure_reason(RuntimeError("DataLoader worker (pid(s) 4242) exited unexpectedly"))),
+             EOFError(), BrokenPipeError()]
+    others = [TrialTimedOut("timed out after 8 s: a hung worker or a very slow candidate"),
+              TrialFailed("used 429.0 MiB, over the memory budget of 418.0 MiB"),
+              TrialFailed(failure_reason(ValueError("bad label"))), TrialFailed(failure_reason(MemoryError())),
+              TrialFailed(_death_reason(1)), MemoryError()]
+    assert [ended_by_a_kill(e) for e in kills] == [True] * len(kills)
+    assert [ended_by_a_kill(e) for e in others] == [False] * len(others)

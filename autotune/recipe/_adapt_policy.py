@@ -43,15 +43,26 @@ The rules (a hill climb, as tf.data's and MindSpore's, with a significance test)
    of a try that crossed it and whatever a pool's start-up or a switch took beyond its price**, as long as
    the bookkeeping alone stays within it. The mechanism, in two parts:
 
-   a. A try's way back is reserved before it starts, priced by its kind (``price``): a move of the main
-      process's threads alone stays on the pool and goes back in place (nothing to reserve); a move to
-      another pool pays a switch there and back and the new pool's start-up, and, where the incumbent has
-      workers, their start-up again after the revert. Each start-up and switch is this run's measured one
+   a. A try's way back is reserved before it starts, priced by its kind and where it starts (``price``).
+      The invariant: **a try's price is what the adapting run pays beyond what the fixed run would have
+      paid at the same point**, for the worst way back (a revert mid-epoch: a probe's, a cap's). A move of
+      the main process's threads alone stays on the pool and goes back in place: nothing, at an epoch
+      boundary or not (a pool that is not persistent restarts there in both runs). A move to another pool
+      (workers, prefetch, persistence on or off, pinning, worker threads) pays a switch there and back, the
+      new pool's start-up and, where the incumbent has workers, their start-up again after the revert; less,
+      at an epoch boundary (the last observation ended its epoch: ``mid_epoch`` False), the restart a
+      non-persistent incumbent's pool pays there in the fixed run too (``restart_paid``). So a try from
+      such a pool at an epoch boundary is priced one start-up under the same try mid-epoch (a chunk
+      boundary), where only the adapting run restarts anything. The ledger credits the fixed run's
+      restart the same way: at the try's first part, the incumbent's own measured start-up, its batches at
+      its steady rate (``_fixed``). Each start-up and switch is this run's measured one
       (``start_up``, ``switch_seconds``), and before one was measured an assumed one (``ASSUMED_START_UP``
       for forked workers, ``ASSUMED_SPAWN_START_UP`` for spawned ones, ``ASSUMED_SWITCH``), never the last
       try of another kind (a thread move costs no start-up; a first pool from no workers was priced by
       nothing and cost 20x its price). A try starts only when its price and its probe at the least loss it
-      is reverted for fit ``left`` (``expected_cost``: at least the last rejected try's cost of its kind).
+      is reverted for fit ``left`` (``expected_cost``: at least the last rejected try's cost of its kind);
+      one that does not fit does not hold up the others: the next move in the order of promise whose
+      expectation fits is tried, and exploration waits only when none does.
    b. While a try runs, the loader asks ``over_budget`` after every batch: when the try's measured extra
       so far and its reserved way back no longer fit ``left``, the loader ends the part there (``capped``)
       and the policy reverts it, a rejection. So no try can spend more than the run has left, whatever its
@@ -87,6 +98,7 @@ wait for each other.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Callable
@@ -141,6 +153,7 @@ class EpochObservation:
     probe: bool = False  # a candidate's first part (rule 4): judged for a clear loss only
     overhead_seconds: float = 0.0  # the loader's own wall time outside the clocks since the previous observation
     capped: bool = False  # a try's part the loader ended because it no longer fit the budget (rule 5b)
+    mid_epoch: bool = False  # ended at a chunk boundary of its epoch, not at its end: the next part starts there
 
     def then(self, rest: EpochObservation) -> EpochObservation:
         """This probe and the ``rest`` of its epoch (or part) as one observation; the chunks are the rest's,
@@ -151,7 +164,8 @@ class EpochObservation:
                                 first_wait_seconds=self.first_wait_seconds, chunk_seconds=rest.chunk_seconds,
                                 fresh_pool=self.fresh_pool,
                                 main_cpu_seconds=self.main_cpu_seconds + rest.main_cpu_seconds,
-                                overhead_seconds=self.overhead_seconds + rest.overhead_seconds)
+                                overhead_seconds=self.overhead_seconds + rest.overhead_seconds,
+                                mid_epoch=rest.mid_epoch)
 
     @property
     def start_up_seconds(self) -> float:
@@ -193,6 +207,8 @@ class _Stats:
     stall: float = 0.0
     cpu_share: float = 0.0  # the main process's CPU seconds per wall second in the latest epoch
     cpu_before: float = 0.0  # the same in the epoch before it
+    steady: float = 0.0  # the latest epoch's seconds per batch without its fresh pool's start-up
+    start_up: float = 0.0  # the latest fresh pool's start-up (a non-persistent pool pays it every epoch)
 
 
 Allowed = Callable[[LoaderConfig], str | None]  # None: the configuration may run; else why not
@@ -297,6 +313,8 @@ class Policy:
         self._after_revert = False  # the incumbent's next observation pays its restart (rule 5)
         self._part = 0  # the incumbent's latest epoch (or part), in batches: what a probe is a quarter of
         self._restarted = False  # the incumbent's next part follows a probe's revert (a restarted pool)
+        self._epoch_start = True  # the next part starts an epoch (the last observation ended one)
+        self._credit = False  # the try's first part is yet to be charged: the fixed run's restart there (rule 5a)
 
     # ------------------------------------------------------------------ measurements
 
@@ -312,12 +330,14 @@ class Policy:
         self._previous = obs.config
         incumbent = self.stats.get(self.incumbent)
         rate = incumbent.epochs[-1] if incumbent is not None and incumbent.epochs else None
-        if self.trying is not None and obs.config == self.trying[1] and rate is not None:
-            self.spent_seconds += obs.seconds - rate * obs.batches  # its whole wall, its pool's start-up too
+        if self.trying is not None and obs.config == self.trying[1] and incumbent is not None and rate is not None:
+            # its whole wall, its pool's start-up too, over what the fixed run paid from the same point
+            self.spent_seconds += obs.seconds - self._fixed(incumbent, obs.batches, restart=self._credit)
+            self._credit = False
         elif self._after_revert and obs.config == self.incumbent:
             self._after_revert = False
-            if self._restarted and rate is not None:  # the rest of the epoch a probe gave back
-                self.spent_seconds += obs.seconds - rate * obs.batches
+            if self._restarted and incumbent is not None and rate is not None:  # the rest a probe gave back
+                self.spent_seconds += obs.seconds - self._fixed(incumbent, obs.batches, restart=False)
             else:  # a whole epoch (or part): only its restart is beyond what the fixed run pays
                 self.spent_seconds += obs.seconds - obs.seconds_per_batch * obs.batches
             if self._open is not None:
@@ -346,12 +366,32 @@ class Policy:
             return 0.0
         return self.switch_price() + self.start_up_price(self.incumbent)
 
-    def price(self, config: LoaderConfig) -> float:
-        """A try's costs nothing can stop once they start (rule 5a): the switch there, the new pool's
-        start-up and the way back; nothing for a move of the main's threads alone."""
+    def restart_paid(self, epoch_start: bool) -> bool:
+        """Whether the fixed run restarts the incumbent's pool where a part starts (rule 5a): at an epoch
+        boundary, a pool of workers that is not persistent; never mid-epoch."""
+        inc = self.incumbent
+        return epoch_start and bool(inc.num_workers) and not inc.persistent_workers
+
+    def price(self, config: LoaderConfig, *, epoch_start: bool | None = None) -> float:
+        """A try's costs nothing can stop once they start, beyond what the fixed run would have paid at the
+        same point (rule 5a's invariant): the switch there, the new pool's start-up and the way back (a revert
+        mid-epoch: a switch, the incumbent's pool started again), less the incumbent's restart the fixed run
+        pays there itself (``restart_paid``); nothing for a move of the main's threads alone. ``epoch_start``:
+        whether the try starts an epoch (None: where the next part starts, from the last observation)."""
         if same_pool(self.incumbent, config):
             return 0.0
-        return self.switch_price() + self.start_up_price(config) + self.way_back(config)
+        start = self._epoch_start if epoch_start is None else epoch_start
+        paid = self.start_up_price(self.incumbent) if self.restart_paid(start) else 0.0
+        return self.switch_price() + self.start_up_price(config) + self.way_back(config) - paid
+
+    def _fixed(self, incumbent: _Stats, batches: int, *, restart: bool) -> float:
+        """What the fixed run pays for ``batches`` of the incumbent from a try's point (rule 5a): its restart
+        there where ``restart`` (the fixed run's start-up at the epoch boundary the try starts), then its steady
+        rate, for a pool that restarts every epoch (whose figure holds its start-up spread over the epoch);
+        otherwise its figure a batch."""
+        if not self.incumbent.num_workers or self.incumbent.persistent_workers:
+            return incumbent.epochs[-1] * batches
+        return (incumbent.start_up if restart else 0.0) + incumbent.steady * batches
 
     def left(self, seconds: float = 0.0) -> float:
         """What the budget has left (rule 5), ``seconds`` more of the run counted in."""
@@ -374,12 +414,15 @@ class Policy:
         incumbent = self.stats.get(self.incumbent)
         if incumbent is None or not incumbent.epochs:
             return False
-        extra = overhead + seconds - incumbent.epochs[-1] * batches + self.way_back(config)
+        extra = overhead + seconds - self._fixed(incumbent, batches, restart=self._credit) + self.way_back(config)
         return extra > self.left(seconds + overhead)
 
     def _record(self, obs: EpochObservation) -> _Stats:
         stats = self.stats.setdefault(obs.config, _Stats())
         stats.epochs.append(obs.seconds_per_batch)
+        stats.steady = obs.steady_seconds_per_batch
+        if obs.fresh_pool:
+            stats.start_up = obs.start_up_seconds
         stats.stall = obs.stall
         stats.cpu_before = stats.cpu_share
         stats.cpu_share = obs.main_cpu_seconds / obs.seconds if obs.seconds > 0 else 0.0
@@ -423,20 +466,21 @@ class Policy:
         and ``config`` is never tried again (a rejection)."""
         self.failed[config] = why
         if self.trying is not None and self.trying[1] == config:
-            self.trying, self.probed = None, None
+            self.trying, self.probed, self._credit = None, None, False
             self.rejections += 1
             self._after_revert = True  # the incumbent's pool restarts (the failed part is the loader's own time)
 
     def restart_from(self, config: LoaderConfig) -> None:
         """Go on from ``config`` (a resumed state's): its epochs are the incumbent's, nothing is being tried."""
         self.incumbent, self.trying, self.probed = config, None, None
-        self._open, self._after_revert, self._restarted = None, False, False
+        self._open, self._after_revert, self._restarted, self._credit = None, False, False, False
 
     # ------------------------------------------------------------------ decisions
 
     def decide(self, obs: EpochObservation) -> Decision:
         self.epochs += 1
         self._account(obs)
+        self._epoch_start = not obs.mid_epoch
         if self.epochs == 1 and not self.observe:  # rule 1: its figure would be the incumbent's noise
             self.stats.setdefault(obs.config, _Stats()).stall = obs.stall
             self._part = obs.batches
@@ -480,7 +524,7 @@ class Policy:
             return None
         self.rejections, self.tried, self.skipped, self.try_costs = 0, set(), {}, {}
         self.starved = self._starved(incumbent, before)
-        self.stats[self.incumbent] = _Stats([now], incumbent.chunks, incumbent.stall, incumbent.cpu_share)
+        self.stats[self.incumbent] = dataclasses.replace(incumbent, epochs=[now], cpu_before=0.0)
         return f"conditions changed: {now * 1e3:.2f} ms a batch against {before * 1e3:.2f} before"
 
     @staticmethod
@@ -548,6 +592,7 @@ class Policy:
             self._settle()
             return Decision(self.incumbent, "settle", f"settled after {self.rejections} rejections")
         threads = None if "main_threads" in self.fixed else self.threads
+        waiting: str | None = None  # the most promising move the budget cannot pay for yet
         for name, config in moves(self.incumbent, incumbent.stall, max_workers=self.max_workers, cuda=self.cuda,
                                   first=self.kept_move, threads=threads, cpu_share=incumbent.cpu_share,
                                   starved=self.starved):
@@ -562,14 +607,16 @@ class Policy:
                 continue
             expected = self.expected_cost(config, incumbent)
             left = self.left()
-            if self.explore_share < 1 and expected > left:  # rule 5: the run has to grow first
-                return Decision(self.incumbent, "measure",
-                                f"exploration waits: {name} would cost {expected:.2f} s, "
-                                f"{max(0.0, left):.2f} s of its {self.explore_share:.0%} of "
-                                f"{self.seen_seconds:.2f} s left")
-            self.trying = (name, config)
+            if self.explore_share < 1 and expected > left:  # rule 5: the next affordable move goes first
+                waiting = waiting or f"{name} would cost {expected:.2f} s"
+                continue
+            self.trying, self._credit = (name, config), self.restart_paid(self._epoch_start)
             self._open = ("threads" if same_pool(self.incumbent, config) else "pool", self.spent_seconds)
             return Decision(config, "try", f"trying {name}: {config.describe()}")
+        if waiting is not None:  # none affordable: the run has to grow first
+            return Decision(self.incumbent, "measure",
+                            f"exploration waits: {waiting}, {max(0.0, self.left()):.2f} s of its "
+                            f"{self.explore_share:.0%} of {self.seen_seconds:.2f} s left")
         self._settle()
         return Decision(self.incumbent, "settle", "settled: no move left to try")
 
@@ -587,7 +634,7 @@ class Policy:
             self.settled, self.rejections, self.tried, self.skipped = False, 0, set(), {}
             self.try_costs = {}  # measured under the conditions before (rule 5): the floors price the new ones
             self.starved = self._starved(incumbent, self.reference)
-            self.stats[self.incumbent] = _Stats([now], incumbent.chunks, incumbent.stall, incumbent.cpu_share)
+            self.stats[self.incumbent] = dataclasses.replace(incumbent, epochs=[now], cpu_before=0.0)
             decision = self._next_move(self.stats[self.incumbent])
             why = (f"{now * 1e3:.2f} ms a batch against {self.reference * 1e3:.2f} when settled" if not crossed
                    else f"the stall is now {incumbent.stall:.0%}")

@@ -130,7 +130,7 @@ class RankSync:
         return EpochObservation(config=obs.config, batches=int(v[3]), seconds=v[0], wait_seconds=v[1],
                                 first_wait_seconds=v[2], chunk_seconds=tuple(c for c in v[6:] if c > 0),
                                 fresh_pool=obs.fresh_pool, main_cpu_seconds=v[4], probe=obs.probe,
-                                overhead_seconds=v[5], capped=obs.capped)
+                                overhead_seconds=v[5], capped=obs.capped, mid_epoch=obs.mid_epoch)
 
     def broadcast(self, decision: Decision | None) -> Decision:
         payload = [None if decision is None else
@@ -524,7 +524,8 @@ class AdaptiveLoader:
             self._completed.add(pending.config)
             obs = _epoch_stats(waits, pending.marks, pending.start, end, pending.config, pending.fresh,
                                time.process_time() - pending.cpu_start, pending.chunk)
-            obs = dataclasses.replace(obs, probe=probe, overhead_seconds=self._outside, capped=capped)
+            obs = dataclasses.replace(obs, probe=probe, overhead_seconds=self._outside, capped=capped,
+                                      mid_epoch=mid_epoch)
             self._outside = 0.0
             self._end_epoch(obs, mid_epoch)
         self._outside += time.perf_counter() - began

@@ -422,6 +422,20 @@ def kill_tree(pid: int, grace: float = 3.0) -> None:
     psutil.wait_procs(trackers, timeout=5)
 
 
+def ended_by_a_kill(exc: BaseException) -> bool:
+    """Whether a trial's failure is one of its processes ending by a signal autotune did not send: the trial
+    process, a DataLoader worker (torch's two messages), or the trials' forkserver (a start or a pipe the
+    server's death broke). Only such a failure can be the OOM killer's: the kernel's count of OOM kills grows
+    for any process in the job, or on the host, and on a shared machine another job's kill lands in the same
+    window as a trial that timed out, was stopped by the guard, or raised. Those keep their own reason."""
+    if isinstance(exc, (OSError, EOFError)):
+        return True
+    if isinstance(exc, TrialTimedOut) or not isinstance(exc, TrialFailed):
+        return False
+    text = str(exc)
+    return "killed by SIG" in text or "killed by signal" in text or "exited unexpectedly" in text
+
+
 def oom_reason(reason: str) -> str:
     """A trial the kernel's OOM killer ended, in one line naming the job's memory limit."""
     return (f"killed by the kernel's out-of-memory killer inside {job_memory().describe_limit()} ({reason}); "
@@ -579,7 +593,7 @@ class Runner:
                 give_up_after += 5.0  # a spawned interpreter's start-up is not part of the measured figure
             result = self._watch(ranks, timeout, should_prune, give_up_after)
         except (TrialFailed, OSError, EOFError) as exc:  # a start the forkserver's death broke, too
-            if oom_kills() > kills:
+            if ended_by_a_kill(exc) and oom_kills() > kills:
                 raise TrialFailed(oom_reason(failure_reason(exc) if not isinstance(exc, TrialFailed)
                                              else str(exc))) from None
             raise
