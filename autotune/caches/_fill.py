@@ -136,18 +136,18 @@ class FirstEpochCache(Dataset[Any]):
         return self.attached and bool(self.filled.all()) and not self.unchecked[0] and not self.random[0]
 
     def confirm(self, positions: Sequence[int] | np.ndarray | None = None, *, now: bool = False) -> None:
-        """The pending check, in the owner: its own read of up to ``_COMPARED`` samples a worker stored
-        (``positions``' first, else any) and of one it stored itself, against the stored ones. None stored
-        by a worker yet: it waits, unless ``now`` (a position is about to be served a second time), when
-        the whole up-front check (``fallback``) runs. A difference, a draw or a failed read drops the
+        """The pending check, in the owner: its own read of ``_COMPARED`` samples a worker stored
+        (``positions``' first, else any) and of one it stored itself, against the stored ones. Fewer
+        stored by a worker yet: it waits, unless ``now`` (a position is about to be served a second time):
+        then it compares those there are, or, with none, runs the whole up-front check (``fallback``). A difference, a draw or a failed read drops the
         cache, said in one line."""
         if not self.attached or os.getpid() != self.owner or not self.unchecked[0]:
             return
         picks = [int(k) for k in (positions if positions is not None else ()) if self.filled[k] == _WORKER]
-        if not picks:
-            picks = [int(k) for k in np.flatnonzero(self.filled == _WORKER)[:_COMPARED]]
-        if not picks and not now:
-            return
+        if len(picks) < _COMPARED:
+            picks += [int(k) for k in np.flatnonzero(self.filled == _WORKER)[:_COMPARED] if k not in picks]
+        if len(picks) < _COMPARED and not now:
+            return  # a later batch brings more (or a second serve forces it with what there is)
         start, cpu = time.perf_counter(), time.thread_time()
         ours = [int(k) for k in np.flatnonzero(self.filled == _OWNER)[:1]]
         try:
