@@ -139,8 +139,8 @@ class FirstEpochCache(Dataset[Any]):
         """The pending check, in the owner: its own read of ``_COMPARED`` samples a worker stored
         (``positions``' first, else any) and of one it stored itself, against the stored ones. Fewer
         stored by a worker yet: it waits, unless ``now`` (a position is about to be served a second time):
-        then it compares those there are, or, with none, runs the whole up-front check (``fallback``). A difference, a draw or a failed read drops the
-        cache, said in one line."""
+        then it compares those there are, or, with none, runs the whole up-front check (``fallback``). A
+        difference, a draw or a failed read drops the cache, said in one line."""
         if not self.attached or os.getpid() != self.owner or not self.unchecked[0]:
             return
         picks = [int(k) for k in (positions if positions is not None else ()) if self.filled[k] == _WORKER]
