@@ -84,6 +84,93 @@ def test_a_trials_resource_tracker_is_counted_once_per_trial_and_never_per_worke
         "700.0 MiB (test))")
 
 
+def test_a_preloaded_trial_is_planned_from_the_figures_measured_spawned_under_its_preload():
+    """A trial of a preloaded allocator is spawned under its preload, not forked (tuner/_runner.py): its own
+    process, its resource tracker and each child forked from it are the figures of a probe spawned so (here 130,
+    11 and 30 MiB), asked once per allocator and only for such a trial; every other trial keeps the forked ones."""
+    from autotune.tuner._runner import ForkCharges
+
+    asked: list[str] = []
+
+    def spawned(allocator: str) -> ForkCharges:
+        asked.append(allocator)
+        return ForkCharges(interpreter=130 * MIB, forked=30 * MIB, tracker=11 * MIB)
+
+    measured = replace(MEMORY, tracker=6 * MIB, spawned=spawned)
+    assert measured.need(DEFAULT) == 46 * MIB  # forked: 16 + 4 + 6 + 2 x 10, as without the probe
+    assert measured.need(LoaderConfig(allocator="glibc-tuned")) == 66 * MIB
+    assert measured.need(LoaderConfig(num_workers=2, prefetch_factor=1, multiprocessing_context="spawn")) == (
+        46 * MIB + 2 * (10 + 16 + 100 + 4) * MIB)
+    assert asked == []  # no preloaded trial planned: nothing spawned
+    # its own 130 + the dataset's 4 + its tracker's 11, and 4 batches (tcmalloc keeps what it frees) or 2
+    assert measured.need(LoaderConfig(allocator="tcmalloc")) == 145 * MIB + 4 * 10 * MIB
+    assert measured.need(LoaderConfig(allocator="jemalloc")) == 145 * MIB + 2 * 10 * MIB
+    # its forked workers are children of the spawned trial (30 each), its spawned ones preloaded interpreters
+    assert measured.need(LoaderConfig(num_workers=2, prefetch_factor=1, allocator="jemalloc")) == (
+        165 * MIB + 2 * (10 + 30) * MIB)
+    assert measured.need(LoaderConfig(num_workers=1, prefetch_factor=1, multiprocessing_context="forkserver",
+                                      allocator="jemalloc")) == 165 * MIB + (10 + 30 + 130 + 4) * MIB + 130 * MIB
+    # a disk build forked from it: 145 + 2 chunks + 2 x (30 + 3 chunks) under jemalloc; tcmalloc keeps 5 and 4
+    built = replace(measured, sample_bytes=MIB, build_workers=2, build_context="fork")
+    assert built.need(LoaderConfig(cache="hdf5", allocator="jemalloc")) == (145 + 32 + 2 * (30 + 48)) * MIB
+    assert built.need(LoaderConfig(cache="hdf5", allocator="tcmalloc")) == (145 + 80 + 2 * (30 + 64)) * MIB
+    assert replace(built, ranks=2).need(LoaderConfig(cache="pickle", allocator="jemalloc")) == (
+        2 * (145 + 32 + 2 * (30 + 48)) * MIB)
+    assert built.started(LoaderConfig(allocator="tcmalloc")).tracker == 11 * MIB
+    assert built.started(DEFAULT) is built
+    assert asked == ["tcmalloc", "jemalloc", "jemalloc", "jemalloc", "jemalloc", "tcmalloc", "jemalloc", "tcmalloc"]
+
+
+def test_the_spawned_figures_are_measured_once_per_allocator_and_stand_in_where_no_probe_starts(monkeypatch):
+    """``SpawnedCharges`` spawns one probe per allocator for the search and keeps its figures; where none can be
+    spawned, the forked figures stand in with the interpreter the spawned trial holds on top of them."""
+    from autotune.tuner import _runner
+    from autotune.tuner._runner import ForkCharges, SpawnedCharges
+
+    spawned: list[str] = []
+
+    def probe(config: LoaderConfig) -> ForkCharges:
+        spawned.append(config.allocator)
+        if config.allocator == "jemalloc":
+            raise RuntimeError("the spawned memory probe did not start in time")
+        return ForkCharges(interpreter=170, forked=38, tracker=12)
+
+    monkeypatch.setattr(_runner, "spawn_charges", probe)
+    figures = SpawnedCharges(ForkCharges(interpreter=149, forked=47, tracker=7))
+    assert [figures("tcmalloc"), figures("tcmalloc"), figures("jemalloc"), figures("jemalloc")] == [
+        ForkCharges(170, 38, 12), ForkCharges(170, 38, 12), ForkCharges(196, 47, 7), ForkCharges(196, 47, 7)]
+    assert spawned == ["tcmalloc", "jemalloc"]
+
+
+@pytest.mark.timeout(180)
+def test_a_probe_spawned_under_the_preload_measures_what_the_plan_holds_for_such_a_trial():
+    """Real processes: the search's plan for a tcmalloc trial is built from a probe spawned under tcmalloc (its own
+    process, its tracker, its forked child), measured once, and not from the forkserver's figures."""
+    from workloads import Numbers
+
+    from autotune.dataset._userfile import UserSpec
+    from autotune.process import get_allocator
+    from autotune.tuner._memory_plan import KEPT_BATCHES_IN_MAIN
+    from autotune.tuner._preparation import trial_memory
+
+    why = get_allocator("tcmalloc").unavailable()
+    if why:
+        pytest.skip(f"tcmalloc {why}")
+    memory = trial_memory(UserSpec(dataset=Numbers(8), source="<test>", batch_size=4, epochs=1), batch_bytes=64,
+                          ranks=1, max_memory=300 * MIB)
+    config = LoaderConfig(allocator="tcmalloc")
+    assert memory.spawned is not None
+    charges = memory.spawned("tcmalloc")
+    assert memory.spawned("tcmalloc") is charges  # kept for the search
+    started = memory.started(config)
+    assert (started.interpreter, started.heap, started.tracker) == (charges.interpreter, charges.forked,
+                                                                    charges.tracker)
+    assert memory.need(config) == charges.interpreter + memory.dataset + charges.tracker + KEPT_BATCHES_IN_MAIN * 64
+    # a fresh interpreter holds torch; its tracker an interpreter without it; a forked child its collection's writes
+    assert charges.tracker < charges.forked < charges.interpreter
+    assert 0 < charges.tracker
+
+
 def test_an_allocator_that_keeps_what_it_frees_holds_the_main_processs_peak_without_workers():
     """Without workers the main process collates each batch from its samples while the last one is consumed; glibc
     unmaps each freed 36.8 MiB batch, tcmalloc and glibc-tuned keep them (measured: 148 and 147-155 MiB over the
@@ -104,7 +191,8 @@ def test_an_allocator_that_keeps_what_it_frees_holds_the_main_processs_peak_with
     assert MEMORY.need(LoaderConfig(num_workers=1, prefetch_factor=1, allocator="glibc-tuned")) == 40 * MIB + 26 * MIB
     # a build phase holds chunks, not batches: the larger phase counts, the training's now 20 + 4 x 10 = 60 MiB
     built = replace(MEMORY, sample_bytes=MIB, build_workers=2)
-    assert built.need(LoaderConfig(cache="hdf5", allocator="glibc-tuned")) == 180 * MIB  # the build's, as glibc's
+    # a disk build keeps freed chunks too: 20 + 5 x 16 (KEPT_CHUNKS_IN_MAIN) + 2 x (16 + 4 x 16) = 260 MiB, not 180
+    assert built.need(LoaderConfig(cache="hdf5", allocator="glibc-tuned")) == 260 * MIB
     assert built.need(LoaderConfig(cache="memory", allocator="glibc-tuned"), cache_bytes=50 * MIB) == 120 * MIB  # 70
     assert replace(built, build_workers=0).need(LoaderConfig(cache="hdf5", allocator="glibc-tuned")) == 60 * MIB
 
@@ -391,8 +479,9 @@ def test_an_execd_process_in_a_forked_tree_takes_nothing_off_what_the_tree_adds(
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("config", [LoaderConfig(cache="pickle"), LoaderConfig(cache="hdf5", allocator="tcmalloc")],
-                         ids=["pickle-forked", "hdf5-tcmalloc-spawned"])
+@pytest.mark.parametrize("config", [LoaderConfig(cache="pickle"), LoaderConfig(cache="hdf5", allocator="tcmalloc"),
+                                    LoaderConfig(cache="pickle", allocator="jemalloc")],
+                         ids=["pickle-forked", "hdf5-tcmalloc-spawned", "pickle-jemalloc-spawned"])
 def test_a_trial_the_plan_admits_is_never_stopped_by_the_guard_held_to_its_plan(config, tmp_path):
     """The invariant end to end, real processes: a trial whose guard budget is exactly its planned need (the figures
     measured as a search measures them) runs to its end, and what its run holds is within it. A disk cache built
@@ -416,7 +505,7 @@ def test_a_trial_the_plan_admits_is_never_stopped_by_the_guard_held_to_its_plan(
     memory = trial_memory(UserSpec(dataset=dataset, source="<test>", batch_size=batch, epochs=1),
                           batch_bytes=batch * MIB, ranks=1, max_memory=None, sample_bytes=MIB, build_workers=2)
     need = memory.need(config)
-    assert need == memory._build(config) > memory.need(DEFAULT)  # the build's phase is the peak planned
+    assert need == memory.started(config)._build(config) > memory.need(DEFAULT)  # the build's phase is the peak planned
     runner = Runner(Workload(dataset=dataset, batch_size=batch, epochs=1), [str(Path(__file__).parent)],
                     memory_limit=need, spool=tmp_path / "work")
     plan = Plan(indices=list(range(96)), length=96, epochs_measured=1, cache_root=str(tmp_path / "trials"),

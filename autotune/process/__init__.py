@@ -7,6 +7,7 @@ worker, or at start through the environment for ``autotune run``). Below the sea
 a trial applies exactly what the user's training process will.  See docs/architecture.md.
 """
 
+from autotune.process._allocator import mapped_paths
 from autotune.process._family import DEFAULT as DEFAULT_ALLOCATOR
 from autotune.process._family import Allocator, Mallopt, Preloaded, availability, register, unregister
 from autotune.process._family import get as get_allocator
@@ -35,6 +36,7 @@ __all__ = [
     "command_line",
     "get_allocator",
     "launch_env",
+    "mapped_paths",
     "register",
     "searched_allocators",
     "unregister",

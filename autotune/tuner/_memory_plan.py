@@ -12,7 +12,10 @@ measured, and what cannot fit is not tried, with a note, instead of being left t
 - no interpreter when it is forked from the forkserver: the server's pages are resident before the budget is
   read and the trial shares them, so they are not what it adds (and the runner's guard and the trial's own
   figure count the same: ``machine.tree_memory`` takes the shared pages off the tree's PSS); a trial spawned
-  for a preloaded allocator is a fresh interpreter, and holds one whole;
+  for a preloaded allocator is a fresh interpreter, and holds one whole: its figures (its own process, its
+  tracker, what a child forked from it adds) are measured from a probe spawned the same way, under the same
+  preload, the first time such a trial is planned (``TrialMemory.started``, ``tuner._runner.spawn_charges``:
+  ~6 s of a loaded 2-CPU VM, once per allocator and search), and every figure below is then that trial's;
 - its own resource tracker (``tracker``: an exec'd interpreter without torch, which the guard counts whole; measured
   with the heap, 6 MiB here);
 - ``heap``: what a process forked from a resident interpreter writes of the pages it shares once it has run
@@ -31,7 +34,8 @@ measured, and what cannot fit is not tried, with a note, instead of being left t
   forkserver), each ``heap`` and the samples it has in flight (a disk build's worker decodes
   ``caches.READ_CHUNK`` samples at a time and the loader prefetches two such chunks of it, while the main
   process unpickles one and writes one; a memory build's worker writes each sample straight into the cache's
-  columns); the trial's peak is the larger of the two phases;
+  columns; under an allocator that keeps what it frees, a disk build's processes keep freed chunks too:
+  ``KEPT_CHUNKS_IN_MAIN`` and ``KEPT_CHUNKS_IN_WORKER``); the trial's peak is the larger of the two phases;
 - all of it once per rank.
 
 ``fit_space`` narrows the space to what fits (workers, start methods) with a note for
@@ -41,7 +45,9 @@ available and the fix); ``TrialMemory.over_budget`` is asked before each trial f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from autotune._units import format_bytes
 from autotune.caches import READ_CHUNK, estimate_need
@@ -51,13 +57,21 @@ from autotune.machine import BUDGET_SHARE
 from autotune.process import get_allocator
 from autotune.tuner._space import Space
 
-__all__ = ["BATCHES_IN_MAIN", "KEPT_BATCHES_IN_MAIN", "MemoryTooSmall", "TrialMemory", "fit_space",
-           "memory_cache_bytes"]
+if TYPE_CHECKING:
+    from autotune.tuner._runner import ForkCharges
+
+__all__ = ["BATCHES_IN_MAIN", "KEPT_BATCHES_IN_MAIN", "KEPT_CHUNKS_IN_MAIN", "KEPT_CHUNKS_IN_WORKER", "MemoryTooSmall",
+           "TrialMemory", "fit_space", "memory_cache_bytes"]
 
 BATCHES_IN_MAIN = 2
 # Without workers, an allocator that keeps freed blocks (``Allocator.keeps_freed``) holds the main process's peak:
 # the batch consumed, the next one's samples and their collation, and one more it keeps apart (measured: 4 batches).
 KEPT_BATCHES_IN_MAIN = 4
+# A disk build's processes under such an allocator keep the chunks they freed too (measured under tcmalloc with 1 MiB
+# samples, the guard's figures at the build's peak: the main process held ~5 chunks over its spawned start where the
+# plan's two are held at once, each read worker ~3.3 beside its heap where three are in flight).
+KEPT_CHUNKS_IN_MAIN = 5
+KEPT_CHUNKS_IN_WORKER = 4
 FRESH_CONTEXTS = ("spawn", "forkserver")  # DataLoader start methods whose workers are fresh interpreters
 
 
@@ -83,6 +97,22 @@ class TrialMemory:
     # The start method a disk build's read workers get: the search's own (the user's), which a trial takes
     # (tuner/_runner.py); a memory build forks its workers always (they inherit its columns).
     build_context: str | None = None
+    # A trial of a preloaded allocator is spawned under its preload, not forked (tuner/_runner.py: _context_for):
+    # its figures, by allocator name, measured the first time such a trial is planned and kept for the search
+    # (``_runner.SpawnedCharges``). None: the forked figures stand in (a spawned trial holds an interpreter more).
+    spawned: Callable[[str], ForkCharges] | None = field(default=None, compare=False, repr=False)
+    spawned_main: bool = False  # these are a spawned trial's own figures (``started``)
+
+    def started(self, config: LoaderConfig) -> TrialMemory:
+        """These figures as ``config``'s trial is started: forked from the server, or spawned under its
+        allocator's preload, whose own process (``interpreter``: all of it, its collection's writes too), resource
+        tracker and forked children (``heap``) were measured so (``_runner.spawn_charges``)."""
+        allocator = config.process_settings().allocator
+        if self.spawned is None or not get_allocator(allocator).preloaded:
+            return self
+        charges = self.spawned(allocator)
+        return replace(self, interpreter=charges.interpreter, heap=charges.forked, tracker=charges.tracker,
+                       spawned=None, spawned_main=True)
 
     def worker(self, context: str | None, prefetch: int | None) -> int:
         """One DataLoader worker's own memory."""
@@ -92,6 +122,9 @@ class TrialMemory:
     def need(self, config: LoaderConfig, cache_bytes: int = 0) -> int:
         """What a trial of ``config`` adds to the job at its peak, every rank together; ``cache_bytes``: one
         rank's memory cache of the whole run. The peak is the training's, or the cache's build before it."""
+        started = self.started(config)
+        if started is not self:
+            return started.need(config, cache_bytes)
         n = config.num_workers
         workers = n * self.worker(config.multiprocessing_context, config.prefetch_factor)
         if n and config.multiprocessing_context == "forkserver":
@@ -109,6 +142,8 @@ class TrialMemory:
 
     def _main(self, config: LoaderConfig) -> int:
         """The trial's own processes, before any batch: its own and its resource tracker."""
+        if self.spawned_main:  # measured spawned as the trial is: its interpreter is all its own process holds
+            return self.interpreter + self.dataset + self.tracker
         main = self.heap + self.dataset + self.tracker
         if get_allocator(config.process_settings().allocator).preloaded:
             main += self.interpreter  # spawned, not forked from the server (tuner/_runner.py: _context_for)
@@ -127,7 +162,9 @@ class TrialMemory:
             return self._main(config) + held + self.build_workers * (self.heap + in_flight)
         # the main process holds a received chunk and its unpickled samples; each worker is a DataLoader worker
         # of the process's start method (its heap, or a fresh interpreter with its own dataset)
-        held, in_flight = 2 * chunk, 3 * chunk
+        kept = get_allocator(config.process_settings().allocator).keeps_freed
+        held, in_flight = (KEPT_CHUNKS_IN_MAIN, KEPT_CHUNKS_IN_WORKER) if kept else (2, 3)
+        held, in_flight = held * chunk, in_flight * chunk
         fresh = self.build_context in FRESH_CONTEXTS
         each = self.heap + in_flight + (self.interpreter + self.dataset if fresh else 0)
         server = self.interpreter if self.build_context == "forkserver" else 0

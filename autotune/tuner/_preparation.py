@@ -38,7 +38,7 @@ from autotune.tuner._candidates import Limits, build_space, disk_free
 from autotune.tuner._measure import Plan, Workload
 from autotune.tuner._memory_plan import TrialMemory
 from autotune.tuner._options import Clock, SearchOptions
-from autotune.tuner._runner import ForkCharges, fork_charges, search_start_method
+from autotune.tuner._runner import ForkCharges, SpawnedCharges, fork_charges, search_start_method
 from autotune.tuner._space import Space
 
 
@@ -125,7 +125,7 @@ def trial_memory(spec: UserSpec, batch_bytes: int, ranks: int, max_memory: int |
                        heap=charges.forked, dataset=pickled_size(spec.dataset), batch_bytes=batch_bytes,
                        ranks=ranks, available=memory.available, limit_text=memory.describe_limit(),
                        sample_bytes=int(sample_bytes), build_workers=build_workers, tracker=charges.tracker,
-                       build_context=search_start_method())
+                       build_context=search_start_method(), spawned=SpawnedCharges(charges))
 
 
 def _prepare_map_style(spec: UserSpec, opts: SearchOptions) -> Setup:

@@ -36,7 +36,7 @@ from autotune.caches import ensure_root, remove_leftovers, remove_trial_folder, 
 from autotune.config import LoaderConfig
 from autotune.loader import READING
 from autotune.machine import job_memory, make_expendable, oom_kills, process_uss, tree_memory, tree_rss
-from autotune.process import get_allocator, launch_env
+from autotune.process import Preloaded, get_allocator, launch_env, mapped_paths
 from autotune.tuner._lifecycle import stop_held, stop_or_hold, watch_parent
 from autotune.tuner._measure import Plan, TrialStopped, Workload, measure
 from autotune.tuner._measurement import Measurement
@@ -155,6 +155,103 @@ def fork_charges(ready_within: float = 120.0) -> ForkCharges:
         if proc.is_alive() and proc.pid:
             kill_tree(proc.pid)
     return ForkCharges(interpreter=process_uss(server), forked=max(0, forked - tracker), tracker=tracker)
+
+
+def _spawned_probe_main(conn: Any, start_method: str) -> None:
+    """Spawned with a preloaded allocator as such a trial is (``Runner._context_for``), it starts its resource
+    tracker (under the same preload) and takes the search's start method as a trial does, then runs a full
+    collection and waits to be measured; asked, it forks one child that collects too (the build's read workers
+    and the loader's forked workers are such children) and names it; it sends its tracker's pid first."""
+    import gc
+
+    make_expendable()
+    _own_resource_tracker()
+    _start_as_the_search(start_method)
+    gc.collect()
+    child = 0
+    try:
+        conn.send(("ready", _tracker_pid()))
+        if conn.recv() == "fork":
+            ready, written = os.pipe()
+            child = os.fork()
+            if child == 0:
+                os.close(ready)
+                gc.collect()
+                os.write(written, b"1")
+                conn.recv()  # the search's "done", or its end: either is the child's
+                os._exit(0)
+            os.close(written)
+            os.read(ready, 1)
+            conn.send(("forked", child))
+            conn.recv()
+    except (OSError, EOFError):
+        pass  # the search stopped before measuring it: nothing to report
+    finally:
+        if child:
+            with contextlib.suppress(OSError):
+                os.kill(child, signal.SIGKILL)
+                os.waitpid(child, 0)
+
+
+def spawn_charges(config: LoaderConfig, ready_within: float = 120.0) -> ForkCharges:
+    """``ForkCharges`` for a trial of ``config``'s preloaded allocator, which is spawned under its preload
+    instead of forked (``Runner._context_for``), measured as the guard reads such a trial's tree (its PSS: it
+    shares no server's pages): a probe spawned the same way, its own process (``interpreter``: what it holds
+    once it has run, less its tracker), its resource tracker under the preload (``tracker``), and what a child
+    forked from it adds once it has run (``forked``: each forked read worker or DataLoader worker of the trial)."""
+    ctx: Any = multiprocessing.get_context("spawn")
+    settings = config.process_settings()
+    env, notes = launch_env(settings, os.environ)
+    if notes:
+        raise RuntimeError("; ".join(notes))  # no trial of it starts either (``Runner._context_for``)
+    receiver, sender = ctx.Pipe(duplex=True)
+    proc = ctx.Process(target=_spawned_probe_main, args=(sender, search_start_method()),
+                       name="autotune-memory-probe")
+    with _environment(env):
+        proc.start()
+    sender.close()
+    try:
+        if not receiver.poll(ready_within):
+            raise RuntimeError("the spawned memory probe did not start in time")
+        _, tracker_pid = receiver.recv()
+        allocator = get_allocator(settings.allocator)
+        if isinstance(allocator, type) and issubclass(allocator, Preloaded) and not allocator.loaded(
+                mapped_paths(f"/proc/{proc.pid}/maps")):
+            raise RuntimeError(f"the spawned memory probe has no {settings.allocator} loaded")
+        if tracker_pid:
+            _settled(tracker_pid)
+        tracker = tree_memory(tracker_pid).pss if tracker_pid else 0
+        own = tree_memory(proc.pid).pss - tracker
+        receiver.send("fork")
+        _, child = receiver.recv()
+        forked = tree_memory(child, forked_from=proc.pid).added
+        receiver.send("done")
+    finally:
+        receiver.close()
+        proc.join(10)
+        if proc.is_alive() and proc.pid:
+            kill_tree(proc.pid)
+    return ForkCharges(interpreter=max(0, own), forked=forked, tracker=tracker)
+
+
+class SpawnedCharges:
+    """``spawn_charges`` by allocator name, measured the first time a trial of that allocator is planned and
+    kept for the search (the plan's ``TrialMemory.spawned``): a search that tries no preloaded allocator spawns
+    no probe. Where none can be spawned, ``fallback``'s figures stand in, as a forked trial's plus an
+    interpreter."""
+
+    def __init__(self, fallback: ForkCharges):
+        self.fallback = fallback
+        self.figures: dict[str, ForkCharges] = {}
+
+    def __call__(self, allocator: str) -> ForkCharges:
+        if allocator not in self.figures:
+            try:
+                self.figures[allocator] = spawn_charges(LoaderConfig(allocator=allocator))
+            except (OSError, EOFError, RuntimeError, ValueError):
+                f = self.fallback
+                self.figures[allocator] = ForkCharges(f.interpreter + f.forked, f.forked, f.tracker)
+        return self.figures[allocator]
 
 
 class TrialFailed(Exception):
