@@ -238,7 +238,8 @@ def _first_line(exc: BaseException) -> str:
 class AdaptiveLoader:
     """Iterable like the DataLoader it holds; see the module docstring. ``make(config)`` builds an inner
     loader; ``policy`` decides (its ``allowed`` is ``self.memory.allowed``, wired by the factory);
-    ``on_epoch(event, loader)`` is told each epoch (the record written back). ``stream``: the index stream
+    ``on_epoch(event, loader)`` is told each epoch (the record written back), ``on_close()`` when the loader is
+closed (what is left of it written). ``stream``: the index stream
     every inner loader draws from (``loader._order.EpochStream``), which lets a long epoch switch at its
     chunk boundaries and a failed candidate hand the rest of the epoch back; None (a caller's batch sampler,
     a stream of samples): epoch boundaries only. ``threads``: the main process's threads where the split
@@ -247,6 +248,7 @@ class AdaptiveLoader:
 
     def __init__(self, make: Callable[[LoaderConfig], Any], start: LoaderConfig, policy: Policy, *,
                  on_epoch: Callable[[Event, AdaptiveLoader], None] | None = None,
+                 on_close: Callable[[], None] | None = None,
                  clock: Callable[[], HostClock] = clock_for_this_process, sync: RankSync | None = None,
                  read_memory: bool = True, stream: EpochStream | None = None, threads: MainThreads | None = None,
                  caller: dict[str, Any] | None = None, part_batches: int = PART_BATCHES):
@@ -257,6 +259,7 @@ class AdaptiveLoader:
         self.memory = Memory()
         self.part_batches = part_batches  # a long epoch's parts, in batches (see ``_boundary``)
         self._on_epoch = on_epoch
+        self._on_close = on_close
         self._clock = clock
         self._sync = sync
         self._read_memory = read_memory
@@ -293,6 +296,8 @@ class AdaptiveLoader:
     def close(self) -> None:
         """Stop the workers now and give the main process's threads back as the loader found them."""
         self._finish_pending()
+        if self._on_close is not None:
+            self._on_close()
         shut_down(self._loader, self._active)
         self._active = None
         if self._threads is not None:

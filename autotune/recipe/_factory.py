@@ -29,10 +29,11 @@ from autotune.integrations._lightning import quiet_worker_warning
 from autotune.loader import FactorySite, make_loader, prepare_source, stream_batches
 from autotune.machine import ranks_per_node
 from autotune.process import DEFAULT_ALLOCATOR, apply_at_runtime, users_threads
-from autotune.recipe._file import Profile, RecipeFile
-from autotune.recipe._learned import MOVED, record, starting_config
+from autotune.recipe._file import Profile
+from autotune.recipe._learned import MOVED, starting_config
 from autotune.recipe._measured import Measured
 from autotune.recipe._memory_fit import fit_memory
+from autotune.recipe._write_back import WriteBack
 
 log = logging.getLogger("autotune")
 
@@ -263,12 +264,13 @@ def adaptive_loader(make: Callable[[LoaderConfig], DataLoader[Any]], config: Loa
                     length: int | None, caller: dict[str, Any], *, stream: Any, threads_move: bool) -> Any:
     """An ``AdaptiveLoader`` over ``make``, starting from ``config``; a setting the caller gave never moves,
     nor the thread split where the user set the main process's threads (``threads_move`` False).
-    Rank 0 writes what it learns into ``profile``'s place in ``learn_to`` after every epoch."""
+    Rank 0 writes what it learns into ``profile``'s place in ``learn_to`` (``_write_back``: at most 0.5% of the
+    run's time, and whole at its end)."""
     import torch
 
     from autotune.machine import usable_cpus
     from autotune.recipe._adapt_policy import Policy
-    from autotune.recipe._adaptive import AdaptiveLoader, Event, rank_sync
+    from autotune.recipe._adaptive import AdaptiveLoader, rank_sync
     from autotune.recipe._thread_split import MainThreads
 
     ranks = ranks_per_node()
@@ -283,21 +285,10 @@ def adaptive_loader(make: Callable[[LoaderConfig], DataLoader[Any]], config: Loa
                     observe=adapt == "observe", fixed=fixed, threads=threads.found if threads else None)
     sync = rank_sync()
     mode = "observe" if adapt == "observe" else "adapt"
-    writing = [learn_to is not None and (sync is None or sync.rank == 0)]
-
-    def write_back(event: Event, loader: AdaptiveLoader) -> None:
-        if not writing[0] or learn_to is None:
-            return
-        learned = record(mode, loader.policy, loader.history.events, batch_size, length,
-                         previous=profile.learned)
-        try:
-            RecipeFile.learn(learn_to, profile, learned)
-        except (OSError, AutotuneError) as exc:
-            writing[0] = False  # said once; the training goes on
-            warnings.warn(f"autotune could not write what the run learned to {learn_to}: {exc}",
-                          stacklevel=2)
-
-    loader = AdaptiveLoader(make, config, policy, sync=sync, on_epoch=write_back, stream=stream, threads=threads,
+    write_back = (WriteBack(learn_to, profile, mode, batch_size, length)
+                  if learn_to is not None and (sync is None or sync.rank == 0) else None)
+    loader = AdaptiveLoader(make, config, policy, sync=sync, on_epoch=write_back,
+                            on_close=write_back.flush if write_back else None, stream=stream, threads=threads,
                             caller=caller)
     policy.allowed = lambda candidate: loader.memory.allowed(candidate, loader.config, ranks)
     log.info("autotune adapts the loader during the run%s", " (observing only)" if adapt == "observe" else "")
