@@ -394,6 +394,21 @@ def test_a_batch_that_draws_hands_its_samples_and_writes_none_of_them():
     assert not any(column[positions].any() for column in cache.columns), "a drawing batch's bytes in the cache"
 
 
+def test_a_drawing_batch_that_repeats_an_index_hands_each_occurrence_its_own_read():
+    """A sampler with replacement (``WeightedRandomSampler``, a padding ``DistributedSampler``) repeats an index
+    within a batch: each occurrence is a read of its own, the draws a plain loader's batch holds under the same
+    seed. The reads were kept by index, so both occurrences were handed the second draw."""
+    dataset = Drawing()
+    data, _ = filling_source(FirstEpochCache(dataset), None, None)
+    positions = [20, 20, 3, 21, 21, 3]
+    torch.manual_seed(5)
+    batch = data.__getitems__(positions)
+    torch.manual_seed(5)
+    expected = [dataset[k] for k in positions]
+    assert isinstance(batch, list) and all(samples_equal(a, b) for a, b in zip(batch, expected, strict=True))
+    assert not samples_equal(batch[0], batch[1]) and samples_equal(batch[2], batch[5])
+
+
 class Failing(Numeric):
     def __getitem__(self, i: int):
         if i == 23:

@@ -197,13 +197,15 @@ class GatheringFill(Dataset[Any]):
             return [cache[k] for k in positions]
         idx = np.asarray(positions, dtype=np.int64)
         # Each missing sample read once, from the source into the cache; kept in hand in case the batch
-        # cannot be gathered (a sample the cache does not keep, a draw), so none is read twice.
-        missing = [int(k) for k in idx[cache.filled[idx] == 0]]
-        read = dict(zip(missing, cache._read_all(missing)))
-        for k, sample in read.items():
-            cache._keep(k, sample)
+        # cannot be gathered (a sample the cache does not keep, a draw), so none is read twice. Kept by
+        # its place in the batch, not its index: a sampler with replacement repeats an index, and each
+        # occurrence is a read of its own, as a plain loader's is (two draws where the dataset draws).
+        places = [j for j in range(len(positions)) if cache.filled[idx[j]] == 0]
+        read = dict(zip(places, cache._read_all([int(idx[j]) for j in places])))
+        for j, sample in read.items():
+            cache._keep(int(idx[j]), sample)
         if not (cache.filled[idx].all() and not cache.random[0]):
-            return [read[k] if k in read else cache[k] for k in positions]
+            return [read[j] if j in read else cache[k] for j, k in enumerate(positions)]
         if get_worker_info() is not None and os.getppid() == cache.owner:  # the training process unpickles it
             return Gathered(_Ready(cache.token, idx))
         return Gathered(_gather(cache, idx))
