@@ -310,11 +310,8 @@ def store(recipe_path: str | os.PathLike[str], validation: Validation) -> Path:
 _FRESH_TIMEOUT = 3600.0  # seconds; a validation that hangs is stopped, not waited for forever
 
 
-def _build_parts(recipe_path: str, dataset: Any, profile: Profile, *, waited: float | None = None
-                 ) -> dict[str, float]:
-    """The fixed steps of the factory's build, each timed again on their own (the files now warm).
-    ``waited``: the seconds the run's fill spent on the determinism check's comparisons during its first
-    epoch (``caches._fill``'s ``defer_check``), shown as they were paid instead of the check up front."""
+def _build_parts(recipe_path: str, dataset: Any, profile: Profile) -> dict[str, float]:
+    """The fixed steps of the factory's build, each timed again on their own (the files now warm)."""
 
     parts: dict[str, float] = {}
     start = time.perf_counter()
@@ -323,12 +320,9 @@ def _build_parts(recipe_path: str, dataset: Any, profile: Profile, *, waited: fl
         load(recipe_path)
     parts["recipe_load"] = time.perf_counter() - start
     if profile.config.cache:
-        if waited is not None:
-            parts["determinism_check_in_epoch_1"] = waited
-        else:
-            start = time.perf_counter()
-            check_deterministic(dataset)
-            parts["determinism_check"] = time.perf_counter() - start
+        start = time.perf_counter()
+        check_deterministic(dataset)
+        parts["determinism_check"] = time.perf_counter() - start
         if not profile.config.cache_in_memory:
             start = time.perf_counter()
             dataset_key(dataset)
@@ -389,9 +383,7 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
     consume = spec.train_step if spec.train_step is not None else DeviceConsumer(bool(loader.pin_memory))
     timings = [_timed_epoch(loader, consume) for _ in range(epochs)]
     settings = dict(getattr(getattr(loader, "autotune", None), "settings", {}) or {})
-    fill: Any = getattr(loader.dataset, "cache", None)  # a first-epoch memory fill's, read through GatheringFill
-    waited = fill.check_seconds if getattr(fill, "deferred", False) else None
-    del loader, fill
+    del loader
     start = time.perf_counter()
     close_all()  # what exit does before the process can end: a first-epoch fill's commit (caches/_disk_fill.py)
     finish_seconds = time.perf_counter() - start
@@ -399,7 +391,7 @@ def _child(payload: dict[str, Any]) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         profile = autotune.load(payload["recipe"]).profile
-    parts = _build_parts(payload["recipe"], dataset, profile, waited=waited)
+    parts = _build_parts(payload["recipe"], dataset, profile)
     workers = build_workers()
     decode = bare_decode(dataset, workers, files) if profile.config.cache else None  # what a build is held against
     # The floor's decode: that pass, or, where the run read only some samples, theirs scaled to the dataset.

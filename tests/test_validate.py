@@ -263,18 +263,3 @@ def test_a_disk_cache_filled_by_the_first_epoch_is_validated_with_its_commit(tmp
         v.build.measured + v.first_epoch.measured + v.epoch.measured + v["finish_seconds"])
     assert "whole run, 2 epochs" in out
     assert v["keep_seconds"] is None and "keeping the samples" not in out  # a disk cache's files, not fresh memory
-
-
-def test_a_memory_fill_s_determinism_check_is_shown_as_its_first_epoch_paid_it(tmp_path, files, capsys):
-    """A memory cache filled by forked workers makes the check's comparisons in its first epoch (caches/_fill.py):
-    validate shows their seconds from the run itself, and no check up front."""
-    config = LoaderConfig(num_workers=2, prefetch_factor=2, multiprocessing_context="fork", persistent_workers=True,
-                          cache="memory", cache_fill="first_epoch")
-    recipe_path = write_recipe(tmp_path / "autotune.json", config=config)
-    assert cli.main(["validate", dataset_file(tmp_path, files), "--recipe", str(recipe_path)]) == 0
-    out = capsys.readouterr().out
-    v = autotune.load(recipe_path).measured.validation
-    assert set(v["build_parts"]) == {"recipe_load", "determinism_check_in_epoch_1", "schema_head", "worker_start"}
-    assert v["build_parts"]["determinism_check_in_epoch_1"] > 0
-    assert "determinism_check_in_epoch_1" in out and "made by the run's own fill" in out
-    assert "this machine's floor for the run" in out

@@ -28,20 +28,6 @@ overflow) or that holds leaves the columns cannot hold (strings, objects: the sc
 leaves). Those are read from the source every epoch, exactly. A worker started by spawn or
 forkserver receives a pickled copy, which does not share the columns: it reads the source and fills
 nothing (exact, but no faster; a search measures that and chooses otherwise).
-
-The determinism check's comparisons can wait for the fill (``defer_check``, chosen by
-``loader.prepare_source``): the schema's head is read (draws watched) before the workers start, and
-the training process compares its own read of a few samples a worker stored with what the worker
-stored, as the first batch holding one arrives (the workers are decoding the next ones meanwhile),
-instead of forking a worker of its own before the first epoch. Invariant: while the comparison is
-pending, a column is served only as its position's first serve (the one read it holds, fresh), so a
-sample that differs between a worker and the training process (keyed on ``get_worker_info()``, the
-worker's seed, state kept between reads) reaches training only as fresh ``dataset[i]`` draws: the owner
-(which alone knows what it served) runs the comparison before any position's second serve, falling back
-to the whole up-front check if no worker stored a sample yet; a worker reads the source instead of a
-column; and ``whole`` stays False. A comparison that fails drops the cache with one logged line (later
-epochs read the source, as after a draw), and a position already served is then read again from the
-source, never from its column.
 """
 
 from __future__ import annotations
@@ -49,15 +35,14 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset, default_collate, get_worker_info
+from torch.utils.data import Dataset, get_worker_info
 
-from autotune.caches._codec import decode, encode, infer_schema, samples_equal
+from autotune.caches._codec import decode, encode, infer_schema
 from autotune.caches._draws import WatchedReads, message
 from autotune.caches._gather import Gathered, _batch_leaf, _collated, _leaf_gatherable
 from autotune.caches._memory import MemoryCache, _file_columns, _shared_array
@@ -65,11 +50,6 @@ from autotune.caches._memory import MemoryCache, _file_columns, _shared_array
 log = logging.getLogger("autotune")
 
 _HEAD = 8  # samples read before the workers start, to fix the schema (the built cache reads as many)
-# A deferred check reads again two samples a worker stored (the worker's read against this process's) and one
-# this process stored (two reads in a row: state kept between reads can match across processes), three in
-# all as the up-front check probes.
-_COMPARED = 2
-_OWNER, _WORKER = 1, 2  # a ``filled`` byte: which process stored the sample (the deferred check needs a worker's)
 
 
 class FirstEpochCache(Dataset[Any]):
@@ -85,15 +65,7 @@ class FirstEpochCache(Dataset[Any]):
             raise ValueError("A cache needs at least one sample, but got 0 indices.")
         self._reads = WatchedReads(dataset)
         self.random = _shared_array((1,), np.dtype(np.uint8))  # a read drew randomness: nothing is trusted
-        self.unchecked = _shared_array((1,), np.dtype(np.uint8))  # a deferred check is pending (``defer_check``)
-        self.why = ""  # what showed the samples random (one line naming the index), once one did
-        self.check_seconds = 0.0  # the deferred check's, in this process
-        self.check_cpu_seconds = 0.0  # of it, this thread's CPU (what the workers beside it could lose)
-        self.deferred = False  # whether ``defer_check`` was called
-        self._fallback: Callable[[], tuple[bool, str]] | None = None
-        self._quiet = True  # the head's draw is said by the caller (``loader.prepare_source``), not logged
         head = [self._read(k) for k in range(min(_HEAD, n))]
-        self._quiet = False
         self.schema = infer_schema(head)
         # Memory files where the OS has them, written through their descriptors (no fault and no zeroing
         # per fresh page, as the built cache's: ``caches._memory``), else shared anonymous memory.
@@ -101,7 +73,6 @@ class FirstEpochCache(Dataset[Any]):
         self.columns = ([f.array for f in self.files] if self.files is not None
                         else [_shared_array((n, *leaf.shape), leaf.np_dtype) for leaf in self.schema.columns])
         self.filled = _shared_array((n,), np.dtype(np.uint8))
-        self.served = np.zeros(n, dtype=bool)  # the owner's: positions training got from it at least once
         self.owner = os.getpid()
         self.attached = True  # False in a pickled copy: its columns are not shared, so it only reads
         self.token = f"{self.owner}-{next(_TOKENS)}"  # how a worker's ``_Ready`` names this cache
@@ -115,72 +86,17 @@ class FirstEpochCache(Dataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["columns"], state["filled"], state["attached"], state["files"] = None, None, False, None
-        state["random"], state["unchecked"], state["served"], state["_fallback"] = None, None, None, None
+        state["random"] = None
         return state
-
-    def defer_check(self, fallback: Callable[[], tuple[bool, str]]) -> None:
-        """Make the determinism check's comparisons during the first epoch (the module docstring); call it
-        before any loader reads the cache. ``fallback``: the whole up-front check, run (once, in this
-        process) if a sample must be served before any worker stored one."""
-        self._fallback = fallback
-        self.deferred = True
-        self.unchecked[0] = 1
 
     @property
     def filled_count(self) -> int:
-        return int(np.count_nonzero(self.filled)) if self.attached else 0
+        return int(self.filled.sum()) if self.attached else 0
 
     @property
     def whole(self) -> bool:
-        """Every sample is in the cache, checked (and no later read goes to the source)."""
-        return self.attached and bool(self.filled.all()) and not self.unchecked[0] and not self.random[0]
-
-    def confirm(self, positions: Sequence[int] | np.ndarray | None = None, *, now: bool = False) -> None:
-        """The pending check, in the owner: its own read of ``_COMPARED`` samples a worker stored
-        (``positions``' first, else any) and of one it stored itself, against the stored ones. Fewer
-        stored by a worker yet: it waits, unless ``now`` (a position is about to be served a second time):
-        then it compares those there are, or, with none, runs the whole up-front check (``fallback``). A
-        difference, a draw or a failed read drops the cache, said in one line."""
-        if not self.attached or os.getpid() != self.owner or not self.unchecked[0]:
-            return
-        picks = [int(k) for k in (positions if positions is not None else ()) if self.filled[k] == _WORKER]
-        if len(picks) < _COMPARED:
-            picks += [int(k) for k in np.flatnonzero(self.filled == _WORKER)[:_COMPARED] if k not in picks]
-        if len(picks) < _COMPARED and not now:
-            return  # a later batch brings more (or a second serve forces it with what there is)
-        start, cpu = time.perf_counter(), time.thread_time()
-        ours = [int(k) for k in np.flatnonzero(self.filled == _OWNER)[:1]]
-        try:
-            problem = self._compare(picks[:_COMPARED] + ours) if picks else self._run_fallback()
-        except Exception as exc:  # noqa: BLE001 - the user's __getitem__: unread, the cache cannot be trusted
-            problem = message(self.indices[picks[0]] if picks else self.indices[0],
-                              f"could not be read again in the training process ({type(exc).__name__}: {exc})")
-        if problem:
-            self.random[0] = 1  # before ``unchecked`` is cleared: a worker reads them the other way round
-            self.why = problem
-            log.warning("autotune: %s; the first epoch's batches were fresh reads, and this run reads the source "
-                        "from now on and keeps no cache.", problem)
-        self.unchecked[0] = 0
-        self.check_seconds += time.perf_counter() - start
-        self.check_cpu_seconds += time.thread_time() - cpu
-
-    def _compare(self, picks: list[int]) -> str:
-        for k in picks:
-            i = self.indices[k]
-            sample, drawn = self._reads.read_noting(i)
-            if drawn is not None:
-                return message(i, f"drew from {drawn}")
-            if not samples_equal(sample, decode(self.schema, [c[k] for c in self.columns], None)):
-                return message(i, "differs between a DataLoader worker's read, or an earlier read, and the training "
-                                  "process's (it depends on get_worker_info(), the worker's seed, or state kept "
-                                  "between reads)")
-        return ""
-
-    def _run_fallback(self) -> str:
-        if self._fallback is None:
-            return ""
-        ok, why = self._fallback()
-        return "" if ok else why
+        """Every sample is in the cache (and no later read goes to the source)."""
+        return self.attached and bool(self.filled.all()) and not self.random[0]
 
     @property
     def nbytes(self) -> int:
@@ -191,9 +107,8 @@ class FirstEpochCache(Dataset[Any]):
         sample, drawn = self._reads.read_noting(self.indices[k])
         if drawn is not None and self.random is not None and not self.random[0]:
             self.random[0] = 1
-            self.why = message(self.indices[k], f"drew from {drawn}")
-            if not self._quiet:
-                log.warning("autotune: %s; this run reads the source every epoch and keeps no cache.", self.why)
+            log.warning("autotune: %s; this run reads the source every epoch and keeps no cache.",
+                        message(self.indices[k], f"drew from {drawn}"))
         return sample
 
     def _read_all(self, ks: Sequence[int]) -> list[Any]:
@@ -216,44 +131,16 @@ class FirstEpochCache(Dataset[Any]):
         else:
             for column, value in zip(self.columns, enc.columns):
                 column[k] = value
-        # after the columns: a reader that sees the byte sees the sample
-        self.filled[k] = _OWNER if os.getpid() == self.owner else _WORKER
+        self.filled[k] = 1  # after the columns: a reader that sees the byte sees the sample
 
     def __getitem__(self, k: int) -> Any:
         if k < 0:
             k += len(self.indices)
-        if self.attached and self.filled[k]:
-            if os.getpid() == self.owner:
-                if self.unchecked[0]:
-                    self.confirm([k], now=bool(self.served[k]))
-                if not self.random[0]:  # checked, or a pending check and this position's first serve
-                    self.served[k] = True
-                    return decode(self.schema, [c[k] for c in self.columns], None)
-            elif not self.unchecked[0] and not self.random[0]:  # in this order: see ``confirm``
-                return decode(self.schema, [c[k] for c in self.columns], None)
-            return self._read(k)  # stored, but not to be served: a fresh read, the column kept
+        if self.attached and self.filled[k] and not self.random[0]:
+            return decode(self.schema, [c[k] for c in self.columns], None)
         sample = self._read(k)
         self._keep(k, sample)
         return sample
-
-    def serve(self, idx: np.ndarray) -> Any:
-        """The batch at positions ``idx`` (all filled), as ``default_collate`` of its samples, gathered
-        from the columns. In the owner, a pending check runs first if it can (or must: a position served
-        before, or twice in this batch); once the cache is dropped, such a position is read again from
-        the source instead of its column."""
-        again = None
-        if self.attached and os.getpid() == self.owner and (self.unchecked[0] or self.random[0]):
-            _, first = np.unique(idx, return_index=True)
-            again = self.served[idx].copy()
-            again[np.setdiff1d(np.arange(len(idx)), first)] = True
-            self.confirm(idx, now=bool(again.any()))
-        if again is not None and self.random[0] and again.any():
-            samples = [self._read(int(k)) if a else decode(self.schema, [c[k] for c in self.columns], None)
-                       for k, a in zip(idx, again)]
-            self.served[idx] = True
-            return default_collate(samples)
-        self.served[idx] = True
-        return _gather(self, idx)
 
 
 # The fills this process made, by token: where a worker's ``_Ready`` finds its cache on arrival.
@@ -285,7 +172,7 @@ def _arrive(token: str, positions: np.ndarray) -> Any:
     if cache is None or not cache.attached or cache.owner != os.getpid():
         raise RuntimeError(f"A batch of the first-epoch cache {token} reached process {os.getpid()}, which does "
                            "not hold that cache; it can only be read by the process that made the loader.")
-    return cache.serve(positions)
+    return _gather(cache, positions)
 
 
 class GatheringFill(Dataset[Any]):
@@ -310,15 +197,15 @@ class GatheringFill(Dataset[Any]):
             return [cache[k] for k in positions]
         idx = np.asarray(positions, dtype=np.int64)
         # Each missing sample read once, from the source into the cache; kept in hand in case the batch
-        # cannot be gathered (a sample the cache does not keep, a draw), so none is read twice.
-        missing = [int(k) for k in idx[cache.filled[idx] == 0]]
-        read = dict(zip(missing, cache._read_all(missing)))
-        for k, sample in read.items():
-            cache._keep(k, sample)
+        # cannot be gathered (a sample the cache does not keep, a draw), so none is read twice. Kept by
+        # its place in the batch, not its index: a sampler with replacement repeats an index, and each
+        # occurrence is a read of its own, as a plain loader's is (two draws where the dataset draws).
+        places = [j for j in range(len(positions)) if cache.filled[idx[j]] == 0]
+        read = dict(zip(places, cache._read_all([int(idx[j]) for j in places])))
+        for j, sample in read.items():
+            cache._keep(int(idx[j]), sample)
         if not (cache.filled[idx].all() and not cache.random[0]):
-            return [read[k] if k in read else cache[k] for k in positions]
+            return [read[j] if j in read else cache[k] for j, k in enumerate(positions)]
         if get_worker_info() is not None and os.getppid() == cache.owner:  # the training process unpickles it
             return Gathered(_Ready(cache.token, idx))
-        if os.getpid() != cache.owner and cache.unchecked[0]:  # only the owner knows what it served
-            return [read[k] if k in read else cache[k] for k in positions]
-        return Gathered(cache.serve(idx))
+        return Gathered(_gather(cache, idx))

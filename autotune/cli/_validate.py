@@ -91,9 +91,6 @@ def summary(v: Validation, stored_in: str | None) -> str:
     if v.build_parts:
         parts = ", ".join(f"{k} {_secs(val)}" for k, val in v.build_parts.items())
         lines.append(f"  fixed steps, paid once (timed again after the run): {parts}")
-        if "determinism_check_in_epoch_1" in v.build_parts:
-            lines.append("  (the determinism check's comparisons were made by the run's own fill, timed as it paid "
-                         "them in its first epoch, beside the workers; none before it)")
     if v.floor_seconds is not None and v.over_floor is not None:
         lines.append(f"  this machine's floor for the run: {_secs(v.floor_seconds)} (every sample decoded once on "
                      f"{v.bare_decode_workers or 'no'} worker(s), nothing stored, {_secs(v.floor_decode_seconds)}; "

@@ -8,7 +8,7 @@ then batch gathers from memory).  See docs/architecture.md.
 """
 
 from autotune.dataset._datamodule import Resolved, is_datamodule, resolve_datamodule, resolving
-from autotune.dataset._determinism import can_wait_for_the_fill, check_deterministic
+from autotune.dataset._determinism import check_deterministic
 from autotune.dataset._fingerprint import dataset_fingerprint
 from autotune.dataset._floor import (
     Floor,
@@ -43,7 +43,6 @@ from autotune.dataset._userfile import (
 from autotune.dataset._watchdog import guarded, reading
 
 __all__ = [
-    "can_wait_for_the_fill",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_EPOCHS",
     "Floor",

@@ -13,13 +13,6 @@ Up front, on a few indices (the first, the last, seeded random ones), a sample i
 
 Builds and fills watch every read for draws as well (``caches._draws``), and a build compares its
 reads of the key's probed indices with the key's: randomness at a few indices is caught there.
-
-A first-epoch memory fill whose forked workers decode into the cache can make the comparisons itself
-(``can_wait_for_the_fill``, ``caches._fill``'s ``defer_check``): its head's reads watch for draws before
-any worker starts, and the training process's own read of samples the fill's workers stored is
-compared with what they stored — the second read and the worker's at once, in the workers that train,
-with no worker forked for the check. Only a dataset with ``set_epoch`` needs this module's own worker
-(a fork may move its copy to another epoch; the fill's workers must not).
 """
 
 from __future__ import annotations
@@ -60,11 +53,6 @@ def _indices(length: int, probe: int, seed: int) -> list[int]:
 def _with_epochs(dataset: Any) -> list[Any]:
     """The dataset and the datasets it wraps that have ``set_epoch`` (a Subset's dataset, a concat's parts)."""
     return [d for d in _datasets(dataset) if callable(getattr(d, "set_epoch", None))]
-
-
-def can_wait_for_the_fill(dataset: Any) -> bool:
-    """Whether a first-epoch fill may make this check's comparisons (the module docstring): no ``set_epoch``."""
-    return not _with_epochs(dataset)
 
 
 class _WorkerReads(torch.utils.data.Dataset[Any]):
@@ -177,4 +165,4 @@ class _Noting:
         return sample
 
 
-__all__ = ["can_wait_for_the_fill", "check_deterministic"]
+__all__ = ["check_deterministic"]

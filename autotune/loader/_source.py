@@ -12,7 +12,6 @@ read sample by sample through ``Transformed``, so ``transform`` runs after the c
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import sys
 import time
@@ -40,7 +39,7 @@ from autotune.caches import (
     open_or_fill,
 )
 from autotune.config import LoaderConfig, partial_count
-from autotune.dataset import can_wait_for_the_fill, check_deterministic
+from autotune.dataset import check_deterministic
 from autotune.errors import AutotuneError
 from autotune.loader._dataloader import Transformed, with_transform
 from autotune.machine import build_workers
@@ -141,61 +140,22 @@ def prepare_source(dataset: Any, config: LoaderConfig, site: CacheSite, *, trans
     """The source a loader of ``config`` reads, prepared the one way both the factory and a trial do:
     the determinism check (a random ``dataset[i]`` gets no cache), a disk cache's key, the cache opened,
     built or set up to be filled (``config.cache_fill``, ``cache_share``), then read through the gather
-    path or ``Transformed`` with ``transform`` after it. ``timer`` is told each step's seconds.
-
-    A memory fill gathered by forked workers (``check_waits``) makes the check's comparisons during the
-    first epoch instead (``caches._fill``: nothing is served from it twice before they pass, and a
-    failure drops it); its head's draws are still found here, before any worker, and refused as the
-    check's are."""
+    path or ``Transformed`` with ``transform`` after it. ``timer`` is told each step's seconds."""
     if stream:
         return Prepared(with_transform(dataset, transform, stream=True), collate_fn)
     if config.cache is None:
         return Prepared(_uncached(dataset, transform, site), collate_fn)
-    waits = check_waits(dataset, config, transform, collate_fn)
-    if not waits:
-        deterministic, why = _timed(timer, "check", lambda: check_deterministic(dataset))
-        if not deterministic:
-            return Prepared(_uncached(dataset, transform, site), collate_fn, random=True, why=why)
+    deterministic, why = _timed(timer, "check", lambda: check_deterministic(dataset))
+    if not deterministic:
+        return Prepared(_uncached(dataset, transform, site), collate_fn, random=True, why=why)
     try:
         cache = _cache(dataset, config, site, timer)
     except RandomSamples as exc:  # found by the build, which stored nothing: the source, never a traceback
         return Prepared(_uncached(dataset, transform, site), collate_fn, random=True, why=last_line(exc))
-    except AutotuneError:
-        raise
-    except Exception:
-        if waits:  # the head's read failed: said as the check says it (a DatasetError naming the index)
-            check_deterministic(dataset)
-        raise
     if cache is None:  # it could not be written (a full disk): the source, as without a cache
         return Prepared(_uncached(dataset, transform, site), collate_fn)
     data, collate = reading(cache, transform, collate_fn)
-    if waits:
-        if cache.random[0]:  # the head drew: refused before any worker, as the check would have
-            return Prepared(_uncached(dataset, transform, site), collate_fn, random=True, why=cache.why)
-        if isinstance(data, GatheringFill) and data.gatherable:
-            cache.defer_check(lambda: check_deterministic(dataset))
-        else:  # read sample by sample in the workers (blob leaves): the owner never sees a batch first
-            deterministic, why = _timed(timer, "check", lambda: check_deterministic(dataset))
-            if not deterministic:
-                return Prepared(_uncached(dataset, transform, site), collate_fn, random=True, why=why)
     return Prepared(site.shard(data), collate, cache)
-
-
-def check_waits(dataset: Any, config: LoaderConfig, transform: Callable[..., Any] | None,
-                 collate_fn: Collate) -> bool:
-    """Whether the road leaves the determinism check's comparisons to the first epoch: a whole memory
-    cache filled by it, read whole batches at a time by forked workers (they store what the training
-    process compares; spawned ones store nothing), of a dataset without ``set_epoch``."""
-    if config.cache is None or config.cache_fill != "first_epoch" or config.cache_share is not None:
-        return False
-    if not config.num_workers:
-        return False
-    if not get_backend(config.cache).in_memory or transform is not None or collate_fn is not None:
-        return False
-    method = config.multiprocessing_context or multiprocessing.get_start_method(allow_none=True)
-    if (method or multiprocessing.get_all_start_methods()[0]) != "fork":
-        return False
-    return can_wait_for_the_fill(dataset)
 
 
 def _cache(dataset: Any, config: LoaderConfig, site: CacheSite, timer: Timer | None) -> Any:
