@@ -150,11 +150,16 @@ def fork_charges(ready_within: float = 120.0) -> ForkCharges:
         tracker = tree_memory(tracker_pid).pss if tracker_pid else 0
         receiver.send("done")
     finally:
-        receiver.close()
-        proc.join(10)
-        if proc.is_alive() and proc.pid:
-            kill_tree(proc.pid)
+        _end_probe(receiver, proc)
     return ForkCharges(interpreter=process_uss(server), forked=max(0, forked - tracker), tracker=tracker)
+
+
+def _end_probe(receiver: Any, proc: Any) -> None:
+    """Let a memory probe exit (it was told "done", or its reader failed), and end it where it does not."""
+    receiver.close()
+    proc.join(10)
+    if proc.is_alive() and proc.pid:
+        kill_tree(proc.pid)
 
 
 def _spawned_probe_main(conn: Any, start_method: str) -> None:
@@ -227,10 +232,7 @@ def spawn_charges(config: LoaderConfig, ready_within: float = 120.0) -> ForkChar
         forked = tree_memory(child, forked_from=proc.pid).added
         receiver.send("done")
     finally:
-        receiver.close()
-        proc.join(10)
-        if proc.is_alive() and proc.pid:
-            kill_tree(proc.pid)
+        _end_probe(receiver, proc)
     return ForkCharges(interpreter=max(0, own), forked=forked, tracker=tracker)
 
 
