@@ -376,12 +376,12 @@ def test_only_a_process_ended_by_a_signal_can_be_the_oom_killers(tmp_path):
 
     log = tmp_path / "trial.log"
     log.write_text("RuntimeError: DataLoader worker (pid 4242) is killed by signal: Killed. \n")
-    kills = [TrialFailed(worker_death_in_log(str(log))), TrialFailed(_death_reason(-9)), TrialFailed(_death_reason(-15)),
+    kills = [TrialFailed(worker_death_in_log(str(log))), TrialFailed(_death_reason(-9)),
              TrialFailed(failure_reason(RuntimeError("DataLoader worker (pid(s) 4242) exited unexpectedly"))),
              EOFError(), BrokenPipeError()]
     others = [TrialTimedOut("timed out after 8 s: a hung worker or a very slow candidate"),
               TrialFailed("used 429.0 MiB, over the memory budget of 418.0 MiB"),
               TrialFailed(failure_reason(ValueError("bad label"))), TrialFailed(failure_reason(MemoryError())),
-              TrialFailed(_death_reason(1)), MemoryError()]
+              TrialFailed(_death_reason(1)), TrialFailed(_death_reason(-15)), MemoryError()]
     assert [ended_by_a_kill(e) for e in kills] == [True] * len(kills)
     assert [ended_by_a_kill(e) for e in others] == [False] * len(others)

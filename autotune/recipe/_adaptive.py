@@ -238,11 +238,11 @@ def _first_line(exc: BaseException) -> str:
 class AdaptiveLoader:
     """Iterable like the DataLoader it holds; see the module docstring. ``make(config)`` builds an inner
     loader; ``policy`` decides (its ``allowed`` is ``self.memory.allowed``, wired by the factory);
-    ``on_epoch(event, loader)`` is told each epoch (the record written back), ``on_close()`` when the loader is
-closed (what is left of it written). ``stream``: the index stream
-    every inner loader draws from (``loader._order.EpochStream``), which lets a long epoch switch at its
-    chunk boundaries and a failed candidate hand the rest of the epoch back; None (a caller's batch sampler,
-    a stream of samples): epoch boundaries only. ``threads``: the main process's threads where the split
+    ``on_epoch(event, loader)`` is told each epoch (the record written back), ``on_close()`` when the loader
+    is closed (what is left of it written). ``stream``: the index stream every inner loader draws from
+    (``loader._order.EpochStream``), which lets a long epoch switch at its chunk boundaries and a failed
+    candidate hand the rest of the epoch back; None (a caller's batch sampler, a stream of samples): epoch
+    boundaries only. ``threads``: the main process's threads where the split
     may move. ``caller``: the attributes the caller's loader would have (batch_size, sampler, ...), which
     the inner loaders, batching through ``stream``, do not."""
 

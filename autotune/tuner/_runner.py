@@ -522,7 +522,7 @@ def kill_tree(pid: int, grace: float = 3.0) -> None:
 
 
 def ended_by_a_kill(exc: BaseException) -> bool:
-    """Whether a trial's failure is one of its processes ending by a signal autotune did not send: the trial
+    """Whether a trial's failure is one of its processes ending by SIGKILL that autotune did not send: the trial
     process, a DataLoader worker (torch's two messages), or the trials' forkserver (a start or a pipe the
     server's death broke). Only such a failure can be the OOM killer's: the kernel's count of OOM kills grows
     for any process in the job, or on the host, and on a shared machine another job's kill lands in the same
@@ -531,8 +531,8 @@ def ended_by_a_kill(exc: BaseException) -> bool:
         return True
     if isinstance(exc, TrialTimedOut) or not isinstance(exc, TrialFailed):
         return False
-    text = str(exc)
-    return "killed by SIG" in text or "killed by signal" in text or "exited unexpectedly" in text
+    text = str(exc)  # the OOM killer sends SIGKILL only; a worker's exit torch could not name may be it
+    return "killed by SIGKILL" in text or "killed by signal: Killed" in text or "exited unexpectedly" in text
 
 
 def oom_reason(reason: str) -> str:
