@@ -600,19 +600,29 @@ class SlowsDown(Numbers):
         return super().__getitem__(i)
 
 
+class Quiet(Policy):
+    """The real policy on a run whose chunks it reads as noiseless: under pytest -n 4 on 2 vCPUs one
+    descheduled 2-batch chunk (4 ms) of the fast epoch made the run's measured noise exceed even a forty-fold
+    slowdown, and the policy rightly held that for noise (CI, persistent pool). How the noise bounds a drift is
+    ``test_a_drift_inside_an_epoch_is_asked_of_the_incumbents_figure_as_decide_judges_it``'s; here it is where
+    the loader ends the part."""
+
+    def noise(self) -> float:
+        return 0.0
+
+
 @pytest.mark.parametrize("config", [LoaderConfig(), P2], ids=["main process", "persistent pool"])
 def test_a_drift_inside_an_epoch_ends_the_incumbents_part_there_with_a_plain_loaders_batches(tmp_path, config):
-    """Forty times slower a sample from epoch 3 on (ten times was read as noise at pytest -n 4 on a slow 2-vCPU
-    VM, where the pool's batches cost more than their sleeps): the part ends at the first chunk boundary a probe's
-    length in (batch 6 of 20) and the policy reopens there instead of at the epoch's end; at most one such end an
-    epoch; the batches are a plain loader's."""
+    """Ten times slower a sample from epoch 3 on: the part ends at the first chunk boundary a probe's length in
+    (batch 6 of 20) and the policy reopens there instead of at the epoch's end; at most one such end an epoch;
+    the batches are a plain loader's."""
     path = write_recipe(tmp_path / "autotune.json", config=config)
     dataset = SlowsDown(160, 0.0005)
     loader = autotune.dataloader(dataset, path, adapt=True, shuffle=True, generator=torch.Generator().manual_seed(6))
-    loader.policy = Policy(config, max_workers=2, explore_share=0.0)  # it measures, and never tries a move
+    loader.policy = Quiet(config, max_workers=2, explore_share=0.0)  # it measures, and never tries a move
     got = []
     for epoch in range(4):
-        dataset.shared.value = 0.02 if epoch >= 2 else 0.0005
+        dataset.shared.value = 0.005 if epoch >= 2 else 0.0005
         got.append([batch[1].tolist() for batch in loader])
     plain = DataLoader(Numbers(160), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(6))
     assert got == batches(plain, 4)

@@ -72,7 +72,7 @@ def test_the_search_leaves_a_users_folder_in_its_trials_folder(tmp_path, monkeyp
         epochs = 1
     """))
     monkeypatch.chdir(tmp_path)
-    code = main(["search", "ramp.py", "--workdir", str(wd), "--budget", "6s", "--caches", "pickle",
+    code = main(["search", "ramp.py", "--workdir", str(wd), "--budget", "15s", "--caches", "pickle",
                  "--max-workers", "0", "--no-progress"])
     assert code == 0, capsys.readouterr()
     assert results.read_text() == "epoch,loss\n1,0.5\n"
