@@ -28,6 +28,7 @@ W2 = LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True, mul
 W3 = W2.refit(num_workers=3)
 W4 = W2.refit(num_workers=4)
 W1 = W2.refit(num_workers=1)
+Z = W2.refit(num_workers=0)
 LOW = 0.05  # a stall under STALL_HIGH (fewer first) and over MIN_GAIN (a move feeding the loader may still pay)
 
 
@@ -75,7 +76,10 @@ def test_a_loader_bound_run_adds_workers_while_each_step_pays_and_settles_after_
 
 def test_a_step_bound_run_tries_fewer_workers_first():
     assert [name for name, _ in moves(W2, 0.01, max_workers=4, cuda=False)] == [
-        "fewer workers", "less prefetch", "more workers", "more prefetch"]
+        "fewer workers", "less prefetch", "no workers", "more workers", "more prefetch"]
+    assert dict(moves(W2, 0.01, max_workers=4, cuda=False))["no workers"] == Z
+    assert "no workers" not in dict(moves(W2, 0.5, max_workers=4, cuda=False))  # the step waits for the loader
+    assert "no workers" not in dict(moves(W1, 0.01, max_workers=4, cuda=False))  # fewer workers is that move
     assert [name for name, _ in moves(W2, 0.5, max_workers=4, cuda=True)] == [
         "more workers", "more prefetch", "pin memory", "fewer workers", "less prefetch"]
     plain = LoaderConfig(num_workers=2, prefetch_factor=2, multiprocessing_context="fork")
@@ -128,7 +132,7 @@ def test_a_fresh_persistent_pools_start_up_is_paid_once_and_left_out():
 
 
 def test_a_settled_policy_reopens_on_a_drift_and_on_a_new_bottleneck():
-    policy = Policy(W2, max_workers=2, explore_share=1)  # no more workers: only fewer, less prefetch, more prefetch
+    policy = Policy(W2, max_workers=2, explore_share=1)  # no more workers: fewer, less prefetch, none, more prefetch
     figures = iter([10.0, 10.0, 12.0, 10.0, 12.0, 10.0, 12.0])
     got = run(policy, [lambda c: obs(c, next(figures), stall=LOW)] * 7)
     assert [e for e, _ in got] == ["warm-up", "try", "revert", "try", "revert", "try", "settle"]
@@ -138,7 +142,7 @@ def test_a_settled_policy_reopens_on_a_drift_and_on_a_new_bottleneck():
     policy.decide(obs(W1, 40.0, stall=LOW))  # reverted
     assert policy.incumbent == W2
     settled = Policy(W2, max_workers=2, explore_share=1)
-    for c in [W2, W2, W1, W2, W2.refit(prefetch_factor=1), W2, W2.refit(prefetch_factor=4)]:
+    for c in [W2, W2, W1, W2, W2.refit(prefetch_factor=1), W2, Z]:
         settled.decide(obs(c, 10.0 if c == W2 else 12.0, stall=LOW))
     assert settled.settled
     d = settled.decide(obs(W2, 10.0, stall=0.4))  # as fast, but the step now waits
@@ -149,8 +153,8 @@ def test_a_drift_before_settling_clears_the_rejections_judged_before_it():
     """benchmarks/adapt.py's competitor, measured: the moves were rejected on a quiet machine, the
     competitor started on the epoch the policy had left only to settle on, and that slow epoch became the
     reference: the run never reopened, while one move (fewer workers, here) was 1.6x faster by then."""
-    policy = Policy(W2, max_workers=2, explore_share=1)  # moves: fewer workers, less prefetch, more prefetch
-    quiet = {W2: 10.0, W1: 12.0, W2.refit(prefetch_factor=1): 12.0, W2.refit(prefetch_factor=4): 12.0}
+    policy = Policy(W2, max_workers=2, explore_share=1)  # moves: fewer workers, less prefetch, none, more prefetch
+    quiet = {W2: 10.0, W1: 12.0, W2.refit(prefetch_factor=1): 12.0, Z: 12.0, W2.refit(prefetch_factor=4): 12.0}
     got = run(policy, [lambda c: obs(c, quiet[c], stall=LOW)] * 5)
     assert got == [("warm-up", W2), ("try", W1), ("revert", W2), ("try", W2.refit(prefetch_factor=1)),
                    ("revert", W2)]
@@ -159,8 +163,7 @@ def test_a_drift_before_settling_clears_the_rejections_judged_before_it():
     assert policy.decide(obs(W1, 18.0, stall=LOW)).event == "keep" and policy.incumbent == W1
     within = Policy(W2, max_workers=2, explore_share=1)  # a change within DRIFT rejects nothing again
     run(within, [lambda c: obs(c, {W2: 10.0}.get(c, 12.0), stall=LOW)] * 5)
-    assert within.decide(obs(W2, 11.0, stall=LOW)) == Decision(
-        W2.refit(prefetch_factor=4), "try", "trying more prefetch: " + W2.refit(prefetch_factor=4).describe())
+    assert within.decide(obs(W2, 11.0, stall=LOW)) == Decision(Z, "try", "trying no workers: " + Z.describe())
 
 
 def test_a_drift_inside_an_epoch_is_asked_of_the_incumbents_figure_as_decide_judges_it():
@@ -202,7 +205,8 @@ def test_observe_never_moves_and_a_refused_or_callers_setting_is_never_tried():
 
 def test_the_thread_split_is_a_move_judged_as_any_other():
     assert [name for name, _ in moves(W2, 0.01, max_workers=4, cuda=False, threads=2)] == [
-        "fewer workers", "less prefetch", "more main threads", "more workers", "more prefetch", "fewer main threads"]
+        "fewer workers", "less prefetch", "more main threads", "no workers", "more workers", "more prefetch",
+        "fewer main threads"]
     spawned = W2.refit(multiprocessing_context="spawn", worker_threads=2)
     assert [name for name, _ in moves(spawned, 0.5, max_workers=8, cuda=False, threads=4)] == [
         "more workers", "more prefetch", "fewer main threads", "more worker threads", "fewer workers",
@@ -226,7 +230,8 @@ def test_a_step_keeping_all_its_threads_busy_tries_more_threads_first():
     """Low stall and a saturated main process: the step is short of cores, and the third move in the low
     stall's order would come after two rejections, one before MAX_REJECTIONS settles the run."""
     assert [name for name, _ in moves(W2, 0.01, max_workers=4, cuda=False, threads=2, cpu_share=1.7)] == [
-        "more main threads", "fewer workers", "less prefetch", "more workers", "more prefetch", "fewer main threads"]
+        "more main threads", "fewer workers", "no workers", "less prefetch", "more workers", "more prefetch",
+        "fewer main threads"]
     one = W2.refit(main_threads=1)
     assert moves(one, 0.01, max_workers=2, cuda=False, threads=2, cpu_share=0.85)[0] == (
         "more main threads", W2.refit(main_threads=2))
@@ -645,7 +650,9 @@ def test_exploration_waits_only_when_no_move_is_affordable_and_the_ledger_stays_
     """With the thread split fixed, every move is a new pool (0.5 s and the probe): none fits 2% of the first
     epochs, so the policy waits, saying the most promising one's cost, the ledger untouched; the first try
     starts at the epoch whose 2% pays it, and the ledger then holds exactly what it spent."""
-    policy = Policy(W2, max_workers=4, threads=2, fixed=frozenset({"main_threads"}))
+    # no workers refused: the one move without a pool of its own to start (priced lower, it would go first)
+    policy = Policy(W2, max_workers=4, threads=2, fixed=frozenset({"main_threads"}),
+                    allowed=lambda c: None if c.num_workers else "refused here")
     policy.decide(part(W2, 10.0, start_up=0.15, stall=LOW))
     expected = 2 * ASSUMED_SWITCH + 2 * 0.15 + 25 * 0.010 * (math.exp(LOSS) - 1)
     d = policy.decide(part(W2, 10.0, stall=LOW))
@@ -668,3 +675,36 @@ def test_exploration_waits_only_when_no_move_is_affordable_and_the_ledger_stays_
     policy.decide(probe_obs)
     assert policy.spent_seconds == pytest.approx(0.25)
     assert policy.left() == pytest.approx(EXPLORE_SHARE * (seen + 0.25 + 0.25) - 0.25)
+
+
+def test_persistence_is_tried_only_where_the_restart_it_saves_could_be_worth_a_switch():
+    """Rule 5: a pool that restarts every epoch is made persistent only where its measured start-up reaches
+    MIN_GAIN of the epoch: 0.02 s of a 1 s epoch could never pay 3%, 0.15 s could; before a start-up was
+    measured, it is tried as before."""
+    small = Policy(NP, max_workers=2, explore_share=1)
+    small.decide(part(NP, 10.0, start_up=0.02, stall=LOW))
+    d = small.decide(part(NP, 10.0, start_up=0.02, stall=LOW))
+    assert small.stats[NP].restarts and small.stats[NP].start_up == pytest.approx(0.02)
+    assert (d.event, d.config) == ("try", NP.refit(num_workers=1))  # fewer workers: persistence skipped
+    large = Policy(NP, max_workers=2, explore_share=1)
+    large.decide(part(NP, 10.0, start_up=0.15, stall=LOW))
+    d = large.decide(part(NP, 10.0, start_up=0.15, stall=LOW))
+    assert (d.event, d.config) == ("try", W2)
+    unmeasured = Policy(NP, max_workers=2, explore_share=1)  # parts that started no pool: no start-up known
+    unmeasured.decide(part(NP, 10.0, stall=LOW))
+    d = unmeasured.decide(part(NP, 10.0, stall=LOW))
+    assert not unmeasured.stats[NP].restarts and (d.event, d.config) == ("try", W2)
+
+
+def test_a_step_short_of_cores_reaches_no_workers_where_one_worker_fewer_is_no_faster():
+    """benchmarks/adapt.py's phase change, as its run measured it (2 CPUs, ms a batch): two workers and one
+    main thread 33 ms, two main threads 28, one worker 30 (no faster), no workers 20. The main keeps its
+    thread busy, so more main threads lead, then fewer workers, then no workers, which is kept."""
+    start = NP.refit(main_threads=1)
+    t2 = start.refit(main_threads=2)
+    rates = {start: 33.0, t2: 28.0, t2.refit(num_workers=1): 30.0, t2.refit(num_workers=0): 20.0}
+    policy = Policy(start, max_workers=2, threads=2, explore_share=1)
+    got = run(policy, [lambda c: part(c, rates.get(c, 40.0), start_up=0.03 if c.num_workers else 0.0, stall=LOW,
+                                      cpu=0.9 * (c.main_threads or 2))] * 7)
+    assert got == [("warm-up", start), ("try", t2), ("keep", t2), ("try", t2.refit(num_workers=1)),
+                   ("revert", t2), ("try", t2.refit(num_workers=0)), ("keep", t2.refit(num_workers=0))]

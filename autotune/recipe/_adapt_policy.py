@@ -80,7 +80,10 @@ The rules (a hill climb, as tf.data's and MindSpore's, with a significance test)
 
    A move that only feeds the loader (more workers, prefetch, persistence, pinning, worker threads) is not
    tried while the stall is under ``MIN_GAIN``: removing every wait could not make the epoch as much faster
-   as a switch is kept for.
+   as a switch is kept for. For the same reason persistence, which saves no more than the pool's restart an
+   epoch, is not tried while the incumbent's measured start-up is under ``MIN_GAIN`` of its epoch (the
+   phase change of benchmarks/adapt.py: a 0.03 s restart of a 4-10 s epoch, tried first twice and rejected
+   twice, where another move was 1.36x faster).
 6. ``observe`` mode measures and never moves. A move ``allowed`` refuses (memory, /dev/shm) is skipped;
    a configuration whose workers failed (``crashed``) is never tried again in the run.
 
@@ -209,6 +212,7 @@ class _Stats:
     cpu_before: float = 0.0  # the same in the epoch before it
     steady: float = 0.0  # the latest epoch's seconds per batch without its fresh pool's start-up
     start_up: float = 0.0  # the latest fresh pool's start-up (a non-persistent pool pays it every epoch)
+    restarts: bool = False  # a start-up of this configuration's pool was measured (``start_up`` is one)
 
 
 Allowed = Callable[[LoaderConfig], str | None]  # None: the configuration may run; else why not
@@ -228,7 +232,11 @@ def moves(config: LoaderConfig, stall: float, *, max_workers: int, cuda: bool, f
     unless given): the most either side takes. ``cpu_share``: the main process's CPU seconds per wall
     second; a step that never waits and keeps every thread it has busy (``SATURATED``) is short of
     threads, so "more main threads" leads the moves toward the step; ``starved`` (the main's threads lost
-    their cores, ``STARVED``): "fewer main threads" leads all."""
+    their cores, ``STARVED``): "fewer main threads" leads all. A step that barely waits may also take the
+    loading itself, between its steps: "no workers" from a pool of two or more, where no worker process
+    competes for the step's cores (one worker fewer may not show it: the last worker competes as the two
+    did; benchmarks/adapt.py's phase change measured 2 and 1 workers alike, none 1.36x faster), right after
+    "fewer workers" where the step keeps its threads busy, else after the moves toward the step."""
     max_threads = max_threads or max_workers
     n = config.num_workers
     out: dict[str, LoaderConfig] = {}
@@ -264,9 +272,15 @@ def moves(config: LoaderConfig, stall: float, *, max_workers: int, cuda: bool, f
         out.update(more)
         out.update(fewer)
     else:
-        if threads is not None and "more main threads" in fewer and cpu_share >= SATURATED * main:
+        saturated = threads is not None and cpu_share >= SATURATED * main
+        if saturated and "more main threads" in fewer:
             out["more main threads"] = fewer.pop("more main threads")
-        out.update(fewer)
+        for name, candidate in fewer.items():
+            out[name] = candidate
+            if name == "fewer workers" and n > 1 and saturated:  # the step is short of cores: see ``moves``
+                out["no workers"] = config.refit(num_workers=0)
+        if n > 1:
+            out.setdefault("no workers", config.refit(num_workers=0))
         out.update(more)
     ordered = list(out.items())
     lead = "fewer main threads" if starved and "fewer main threads" in out else first
@@ -421,8 +435,8 @@ class Policy:
         stats = self.stats.setdefault(obs.config, _Stats())
         stats.epochs.append(obs.seconds_per_batch)
         stats.steady = obs.steady_seconds_per_batch
-        if obs.fresh_pool:
-            stats.start_up = obs.start_up_seconds
+        if obs.fresh_pool and obs.config.num_workers:
+            stats.start_up, stats.restarts = obs.start_up_seconds, True
         stats.stall = obs.stall
         stats.cpu_before = stats.cpu_share
         stats.cpu_share = obs.main_cpu_seconds / obs.seconds if obs.seconds > 0 else 0.0
@@ -601,6 +615,9 @@ class Policy:
                 continue
             if name in FEED and incumbent.stall < MIN_GAIN:  # rule 5: no wait worth removing
                 continue
+            if name == "persistent workers" and incumbent.restarts and incumbent.start_up < MIN_GAIN * (
+                    incumbent.epochs[-1] * self._part if incumbent.epochs else 0.0):
+                continue  # rule 5: a restart it would save is under the least gain a switch is kept for
             why = self.allowed(config)
             if why is not None:
                 self.skipped[config] = why
