@@ -269,10 +269,10 @@ def test_a_candidate_clearly_slower_on_its_probe_is_reverted_there_and_one_withi
     assert (d.event, d.config) == ("revert", W2) and "first 25 batches" in d.line
     assert policy.rejections == 1 and W3 in policy.tried
     assert policy.spent_seconds == pytest.approx(0.001 * 25)  # a quarter of an epoch at 1 ms over
-    # the incumbent's rest of the epoch (its pool restarted) is not its figure, but its cost is the try's;
-    # the next move is tried
-    assert policy.decide(obs(W2, 14.0, batches=75)) == Decision(pf4, "try", "trying more prefetch: "
-                                                                 + pf4.describe())
+    # the incumbent's rest of the epoch (its pool restarted: 0.3 s) is not its figure, but its cost is the
+    # try's; the next move is tried
+    assert policy.decide(part(W2, 10.0, batches=75, start_up=0.3)) == Decision(pf4, "try", "trying more prefetch: "
+                                                                              + pf4.describe())
     assert policy.stats[W2].epochs == [0.010]
     assert policy.spent_seconds == pytest.approx(0.025 + 75 * 0.004) == policy.try_costs["pool"]
     d = policy.decide(probe(pf4, 10.3))  # 3% slower on 25 batches: within LOSS, it reads the rest
@@ -708,3 +708,21 @@ def test_a_step_short_of_cores_reaches_no_workers_where_one_worker_fewer_is_no_f
                                       cpu=0.9 * (c.main_threads or 2))] * 7)
     assert got == [("warm-up", start), ("try", t2), ("keep", t2), ("try", t2.refit(num_workers=1)),
                    ("revert", t2), ("try", t2.refit(num_workers=0)), ("keep", t2.refit(num_workers=0))]
+
+
+def test_the_rest_a_revert_gave_back_that_drifted_reopens_and_its_slowdown_is_not_the_trys_cost():
+    """A competitor that starts while a move is tried: the try is reverted (its probe slower than the old
+    figure), and the incumbent's rest of the epoch runs three times slower, beyond DRIFT and its restart. That
+    rest is the incumbent's figure now (the fixed run pays the slowdown too): the rejections judged before are
+    cleared and the search reopens from it, the ledger charged the rest's restart only; ``drifting`` asks
+    the same of it mid-part."""
+    policy = Policy(W2, max_workers=4, explore_share=1)
+    assert run(policy, [lambda c: obs(c, 10.0)] * 2) == [("warm-up", W2), ("try", W3)]
+    assert policy.decide(probe(W3, 30.0)).event == "revert"
+    spent = policy.spent_seconds
+    assert spent == pytest.approx(25 * 0.020) and policy.rejections == 1
+    assert policy.drifting(W2, 0.030) and not policy.drifting(W2, 0.011)
+    d = policy.decide(part(W2, 30.0, batches=75, start_up=0.3))
+    assert d.event == "reopen" and "30.00 ms a batch against 10.00 before" in d.line
+    assert policy.stats[W2].epochs == [pytest.approx(0.030)] and policy.rejections == 0 and not policy.tried
+    assert policy.spent_seconds == pytest.approx(spent + 0.3)  # the restart, not 75 batches at 20 ms over

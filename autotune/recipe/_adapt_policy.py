@@ -350,9 +350,10 @@ class Policy:
             self._credit = False
         elif self._after_revert and obs.config == self.incumbent:
             self._after_revert = False
-            if self._restarted and incumbent is not None and rate is not None:  # the rest a probe gave back
+            if (self._restarted and incumbent is not None and rate is not None
+                    and not self._left_figure(obs.steady_seconds_per_batch)):  # the rest a probe gave back
                 self.spent_seconds += obs.seconds - self._fixed(incumbent, obs.batches, restart=False)
-            else:  # a whole epoch (or part): only its restart is beyond what the fixed run pays
+            else:  # a whole epoch (or part), or one that drifted (the fixed run pays that too): its restart only
                 self.spent_seconds += obs.seconds - obs.seconds_per_batch * obs.batches
             if self._open is not None:
                 kind, before = self._open
@@ -466,11 +467,18 @@ class Policy:
         """Rule 3's drift seen inside an epoch: ``steady``, the seconds per batch of the incumbent's part under
         way (a part that did not start its pool), left the incumbent's figure (its latest epoch's, or the settled
         reference) by what ``decide`` reopens for: beyond ``DRIFT`` and twice the run's noise. The loader then
-        ends the part there, and ``decide`` reopens from it. Never while a move is tried or a probe's revert
-        restarts the incumbent (those parts are judged by rules 2 and 4), nor before a measured epoch."""
-        stats = self.stats.get(config)
-        if (self.observe or self.trying is not None or self._restarted or config != self.incumbent
-                or stats is None or not stats.epochs or steady <= 0):
+        ends the part there, and ``decide`` reopens from it. Never while a move is tried (its parts are judged
+        by rules 2, 4 and 5b), nor in observe mode, nor before a measured epoch; the rest of an epoch a revert
+        gave back is the incumbent's too (a competitor that started during a try)."""
+        if self.observe or self.trying is not None or config != self.incumbent:
+            return False
+        return self._left_figure(steady)
+
+    def _left_figure(self, steady: float) -> bool:
+        """Whether ``steady`` seconds per batch of the incumbent left its figure (its latest epoch's, or the
+        settled reference) beyond ``DRIFT`` and twice the run's noise: rule 3's test."""
+        stats = self.stats.get(self.incumbent)
+        if stats is None or not stats.epochs or steady <= 0:
             return False
         before = self.reference if self.settled and self.reference else stats.epochs[-1]
         return abs(math.log(steady / before)) > max(DRIFT, 2 * self.noise())
@@ -507,9 +515,11 @@ class Policy:
             if self.probed is not None:
                 obs, self.probed = self.probed.then(obs), None
         restarted, self._restarted = self._restarted, False
-        if restarted and obs.config == self.incumbent and not self.observe:
+        if (restarted and obs.config == self.incumbent and not self.observe
+                and not self._left_figure(obs.steady_seconds_per_batch)):
             # the rest of an epoch a probe gave back: a restarted pool's part, not the incumbent's figure
             return self._next_move(self.stats[self.incumbent])
+        # (one that left the incumbent's figure is a drift: recorded, and rule 3 reopens from it)
         stats = self._record(obs)
         if self.observe:
             return Decision(obs.config, "observe", f"{obs.seconds_per_batch * 1e3:.2f} ms a batch, stall "
