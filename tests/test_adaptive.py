@@ -610,11 +610,15 @@ class Quiet(Policy):
     def noise(self) -> float:
         return 0.0
 
+    def decide(self, obs):
+        self.parts = [*getattr(self, "parts", []), obs.batches]  # where each part ended
+        return super().decide(obs)
+
 
 @pytest.mark.parametrize("config", [LoaderConfig(), P2], ids=["main process", "persistent pool"])
 def test_a_drift_inside_an_epoch_ends_the_incumbents_part_there_with_a_plain_loaders_batches(tmp_path, config):
-    """Ten times slower a sample from epoch 3 on: the part ends at the first chunk boundary a probe's length in
-    (batch 6 of 20) and the policy reopens there instead of at the epoch's end; at most one such end an epoch;
+    """Ten times slower a sample from epoch 3 on: the part ends at the first chunk boundary MIN_BATCHES in
+    (batch 4 of 20: chunks of 2) and the policy reopens there instead of at the epoch's end; at most one such end an epoch;
     the batches are a plain loader's."""
     path = write_recipe(tmp_path / "autotune.json", config=config)
     dataset = SlowsDown(160, 0.0005)
@@ -632,6 +636,7 @@ def test_a_drift_inside_an_epoch_ends_the_incumbents_part_there_with_a_plain_loa
     mid = [e[0] for e in events if e[1]]
     assert len(mid) == len(set(mid))  # at most one drift an epoch
     assert [e.config for e in loader.history.events if e.mid_epoch][:1] == [config]
+    assert loader.history.events[2].line.startswith("conditions changed") and loader.policy.parts[2] == 4
     loader.close()
 
 

@@ -367,18 +367,20 @@ class AdaptiveLoader:
         """Whether the incumbent's part ends after batch ``position`` because its seconds per batch so far left
         the incumbent's figure by a drift (the policy's ``drifting``: a competitor, a heavier step that starts
         mid-epoch), so the policy reopens now instead of after an epoch at the old configuration: at a chunk
-        boundary, a probe's length into the part at least, with a probe's length and ``MIN_BATCHES`` of the
-        epoch left to try a move on, at most once an epoch. Not in a part that started its pool (its start-up,
-        which its epoch amortises, would read as a drift over a few batches), and not with several ranks:
-        their parts must end together, and each rank's clock is its own (they reopen at the epoch's end, from
-        the all-reduced figure)."""
+        boundary from the first (``MIN_BATCHES`` at least): the test's noise is one chunk's, so one chunk is the
+        evidence it is calibrated for (a probe's length, two chunks of a long epoch, let benchmarks/adapt.py's
+        competitor run 42 batches at fifteen times the incumbent's figure, 6 s, before the policy could move),
+        with a probe's length and ``MIN_BATCHES`` of the epoch left to try a move on, at most once an epoch.
+        Not in a part that started its pool (its start-up, which its epoch amortises, would read as a drift over
+        a few batches), and not with several ranks: their parts must end together, and each rank's clock is its
+        own (they reopen at the epoch's end, from the all-reduced figure)."""
         started_pool = pending.fresh and pending.config.num_workers > 0
         if (self._sync is not None or self._stream is None or total is None or pending.probe or started_pool
                 or self._drift_epoch == self.epoch):
             return False
         size = self._part_size(total)
         chunk, n = pending.chunk or chunk_size(size), len(pending.marks)
-        if n < max(2, probe_batches(size)) or n % chunk or total - position < probe_batches(size) + MIN_BATCHES:
+        if n < max(MIN_BATCHES, chunk) or n % chunk or total - position < probe_batches(size) + MIN_BATCHES:
             return False
         so_far = (pending.clock.now() - pending.start) / n  # as the part's observation will count it
         if not self.policy.drifting(pending.config, so_far):
