@@ -726,3 +726,27 @@ def test_the_rest_a_revert_gave_back_that_drifted_reopens_and_its_slowdown_is_no
     assert d.event == "reopen" and "30.00 ms a batch against 10.00 before" in d.line
     assert policy.stats[W2].epochs == [pytest.approx(0.030)] and policy.rejections == 0 and not policy.tried
     assert policy.spent_seconds == pytest.approx(spent + 0.3)  # the restart, not 75 batches at 20 ms over
+
+
+def test_a_revert_of_a_pool_that_restarts_every_epoch_is_judged_steady_against_steady():
+    """The incumbent restarts every epoch (0.3 s of a 1.3 s epoch, in its figure of 13 ms a batch). A try is
+    reverted at its probe mid-epoch and the incumbent's pool starts again for the rest: at its steady 10 ms that
+    rest is no drift (steady against the figure's steady, not against 13 ms), is not the figure, and is charged
+    its restart (mid-epoch the fixed run pays none); three times slower, it reopens, charged the restart only."""
+    def reverted():
+        policy = Policy(NP, max_workers=4, explore_share=1)
+        for _ in range(2):
+            policy.decide(part(NP, 10.0, start_up=0.3, stall=LOW))
+        assert policy.stats[NP].epochs == [pytest.approx(0.013)] and policy.trying is not None
+        assert policy.decide(part(policy.trying[1], 30.0, batches=25, start_up=0.3, probe=True)).event == "revert"
+        return policy, policy.spent_seconds
+
+    same, before = reverted()
+    rest = at(part(NP, 10.0, batches=75, start_up=0.3, stall=LOW), mid_epoch=True)
+    assert not same.drifting(NP, rest.steady_seconds_per_batch)
+    assert same.decide(rest).event == "try" and same.stats[NP].epochs == [pytest.approx(0.013)]
+    assert same.spent_seconds == pytest.approx(before + 0.3)
+    slower, before = reverted()
+    d = slower.decide(at(part(NP, 30.0, batches=75, start_up=0.3, stall=LOW), mid_epoch=True))
+    assert d.event == "reopen" and slower.rejections == 0
+    assert slower.spent_seconds == pytest.approx(before + 0.3)

@@ -310,6 +310,7 @@ class Policy:
         self.rejections = 0
         self.settled = False
         self.reference: float | None = None  # the settled incumbent's figure
+        self.reference_steady = 0.0  # the same without its fresh pool's start-up (``_left_figure``)
         self.settled_stall = 0.0
         self.epochs = 0
         self._log_chunks: list[float] = []  # each chunk's log seconds per batch less its epoch's mean
@@ -353,7 +354,9 @@ class Policy:
             if (self._restarted and incumbent is not None and rate is not None
                     and not self._left_figure(obs.steady_seconds_per_batch)):  # the rest a probe gave back
                 self.spent_seconds += obs.seconds - self._fixed(incumbent, obs.batches, restart=False)
-            else:  # a whole epoch (or part), or one that drifted (the fixed run pays that too): its restart only
+            elif self._restarted:  # a rest that drifted (the fixed run pays that too): its restart only, which
+                self.spent_seconds += obs.start_up_seconds  # mid-epoch the fixed run does not pay
+            else:  # a whole epoch (or part): only its restart is beyond what the fixed run pays
                 self.spent_seconds += obs.seconds - obs.seconds_per_batch * obs.batches
             if self._open is not None:
                 kind, before = self._open
@@ -475,13 +478,16 @@ class Policy:
         return self._left_figure(steady)
 
     def _left_figure(self, steady: float) -> bool:
-        """Whether ``steady`` seconds per batch of the incumbent left its figure (its latest epoch's, or the
-        settled reference) beyond ``DRIFT`` and twice the run's noise: rule 3's test."""
+        """Whether ``steady`` seconds per batch of the incumbent (without a fresh pool's start-up) left its
+        figure (its latest epoch's, or the settled reference), taken without its start-up too, beyond ``DRIFT``
+        and twice the run's noise: rule 3's test. Steady against steady: a pool that restarts every epoch has
+        its start-up in its figure, and a part's rate without it would read as a drift where nothing changed."""
         stats = self.stats.get(self.incumbent)
         if stats is None or not stats.epochs or steady <= 0:
             return False
-        before = self.reference if self.settled and self.reference else stats.epochs[-1]
-        return abs(math.log(steady / before)) > max(DRIFT, 2 * self.noise())
+        before = (self.reference_steady or self.reference) if self.settled and self.reference else (
+            stats.steady or stats.epochs[-1])
+        return bool(before) and abs(math.log(steady / before)) > max(DRIFT, 2 * self.noise())
 
     def crashed(self, config: LoaderConfig, why: str) -> None:
         """``config``'s workers failed where the incumbent's did not: the loader is back on the incumbent,
@@ -650,6 +656,7 @@ class Policy:
     def _settle(self) -> None:
         self.settled = True
         self.reference = self.stats[self.incumbent].epochs[-1]
+        self.reference_steady = self.stats[self.incumbent].steady
         self.settled_stall = self.stats[self.incumbent].stall
 
     def _watch(self, incumbent: _Stats) -> Decision:

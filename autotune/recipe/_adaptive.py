@@ -101,6 +101,13 @@ def _epoch_stats(waits: list[float], marks: list[float], start: float, end: floa
                             fresh_pool=fresh, main_cpu_seconds=cpu_seconds)
 
 
+def rate_so_far(marks: list[float], now: float) -> float:
+    """A part's seconds per batch so far from its first batch on, as its chunks are measured (``_epoch_stats``):
+    the first batch's wait (a persistent pool's refill at an epoch's start, a load's worth of batches) is no
+    drift. ``marks``: the times each batch left ``next()``, two at least."""
+    return (now - marks[0]) / (len(marks) - 1)
+
+
 def chunk_size(batches: int) -> int:
     """The batches of one chunk of an epoch (or long part) of ``batches``: its steady batches in ``CHUNKS``."""
     return max(1, (batches - 2) // CHUNKS)
@@ -382,7 +389,7 @@ class AdaptiveLoader:
         chunk, n = pending.chunk or chunk_size(size), len(pending.marks)
         if n < max(MIN_BATCHES, chunk) or n % chunk or total - position < probe_batches(size) + MIN_BATCHES:
             return False
-        so_far = (pending.clock.now() - pending.start) / n  # as the part's observation will count it
+        so_far = rate_so_far(pending.marks, pending.clock.now())
         if not self.policy.drifting(pending.config, so_far):
             return False
         self._drift_epoch = self.epoch
