@@ -56,22 +56,28 @@ def run(policy, observations):
     return out
 
 
-def test_a_loader_bound_run_adds_workers_while_each_step_pays_and_settles_after_three_rejections():
+def test_a_loader_bound_run_adds_workers_while_each_step_pays_and_never_tries_back_what_it_beat():
+    """W3 beat W2 and W4 beat W3, each beyond the noise: the configuration just beaten is not tried back (one
+    worker fewer from W4 is W3), so after the two prefetch moves no move is left and the policy settles."""
     policy = Policy(W2, max_workers=4, explore_share=1)
     figures = {W2: 10.0, W3: 8.0, W4: 7.0}  # ms a batch; the step waits (stall 0.5)
     prefetch4 = W4.refit(prefetch_factor=4)
-    less = W4.refit(num_workers=3)
-    figures.update({prefetch4: 7.1, less: 8.0, W4.refit(prefetch_factor=1): 7.0})
-    got = run(policy, [lambda c: obs(c, figures[c])] * 10)
+    figures.update({prefetch4: 7.1, W4.refit(prefetch_factor=1): 7.0})
+    got = run(policy, [lambda c: obs(c, figures[c])] * 8)
     assert got == [
         ("warm-up", W2), ("try", W3), ("keep", W3), ("try", W4), ("keep", W4),
         ("try", prefetch4), ("revert", W4),  # 7.1 is slower
-        ("try", less), ("revert", W4),  # fewer workers: slower
         ("try", W4.refit(prefetch_factor=1)),  # as fast: not beyond the noise
     ]
+    assert policy.tried == {W3, prefetch4}
     d = policy.decide(obs(W4.refit(prefetch_factor=1), 7.0))
-    assert (d.event, d.config) == ("settle", W4) and policy.settled
+    assert (d.event, d.config) == ("revert", W4) and policy.rejections == 2
+    d = policy.decide(obs(W4, 7.0))
+    assert (d.event, d.config) == ("settle", W4) and d.line == "settled: no move left to try" and policy.settled
     assert policy.decide(obs(W4, 7.0)).event == "measure"
+    # a drift clears it: W3 may be tried again under the new conditions
+    d = policy.decide(obs(W4, 21.0))
+    assert d.event == "reopen" and W3 not in policy.tried
 
 
 def test_a_step_bound_run_tries_fewer_workers_first():

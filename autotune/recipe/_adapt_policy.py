@@ -17,7 +17,8 @@ The rules (a hill climb, as tf.data's and MindSpore's, with a significance test)
 2. A move is tried for one epoch against the incumbent's latest epoch, and kept only when it is faster
    by more than the noise measured in this run: the spread of the chunks within epochs (their log
    seconds per batch, pooled) over the chunks compared, twice that, at least ``MIN_GAIN``, and at least
-   the incumbent's own change between its last two epochs. Otherwise the next epoch reverts.
+   the incumbent's own change between its last two epochs. Otherwise the next epoch reverts. The
+   configuration a kept move beat is not tried back until a drift (rule 3) clears what was tried.
 3. After ``MAX_REJECTIONS`` rejections in a row, or with no move left, the policy settles: the
    incumbent stays, and its figure is watched; a change beyond ``DRIFT`` (and the noise), or the stall
    crossing ``STALL_HIGH``, reopens the search from the incumbent. A drift is seen inside an epoch too
@@ -610,8 +611,11 @@ class Policy:
         figures = (f"{candidate.epochs[-1] * 1e3:.2f} vs {incumbent.epochs[-1] * 1e3:.2f} ms a batch "
                    f"({math.exp(gain):.3f}x, needed {math.exp(need):.3f}x)")
         if gain > need:
-            self.incumbent, self.kept_move, self.rejections = config, name, 0
-            self.tried, self._open, self.starved = set(), None, False
+            beaten, self.incumbent, self.kept_move, self.rejections = self.incumbent, config, name, 0
+            # the configuration just beaten beyond the noise is not tried back until conditions change (a drift
+            # clears ``tried``): the competitor's runs spent what was left of their budget on it (capped after
+            # 5-34 batches at up to 14x) before the move that paid could be afforded
+            self.tried, self._open, self.starved = {beaten}, None, False
             self.spent_seconds = max(0.0, self.spent_seconds)  # rule 5: a kept move's gain is not banked
             return Decision(config, "keep", f"{name}: {figures}: kept")
         self._after_revert = True
