@@ -690,7 +690,7 @@ def test_persistence_is_tried_only_where_the_restart_it_saves_could_be_worth_a_s
     small = Policy(NP, max_workers=2, explore_share=1)
     small.decide(part(NP, 10.0, start_up=0.02, stall=LOW))
     d = small.decide(part(NP, 10.0, start_up=0.02, stall=LOW))
-    assert small.stats[NP].restarts and small.stats[NP].start_up == pytest.approx(0.02)
+    assert small.stats[NP].start_up is not None and small.stats[NP].start_up == pytest.approx(0.02)
     assert (d.event, d.config) == ("try", NP.refit(num_workers=1))  # fewer workers: persistence skipped
     large = Policy(NP, max_workers=2, explore_share=1)
     large.decide(part(NP, 10.0, start_up=0.15, stall=LOW))
@@ -699,7 +699,7 @@ def test_persistence_is_tried_only_where_the_restart_it_saves_could_be_worth_a_s
     unmeasured = Policy(NP, max_workers=2, explore_share=1)  # parts that started no pool: no start-up known
     unmeasured.decide(part(NP, 10.0, stall=LOW))
     d = unmeasured.decide(part(NP, 10.0, stall=LOW))
-    assert not unmeasured.stats[NP].restarts and (d.event, d.config) == ("try", W2)
+    assert unmeasured.stats[NP].start_up is None and (d.event, d.config) == ("try", W2)
 
 
 def test_a_step_short_of_cores_reaches_no_workers_where_one_worker_fewer_is_no_faster():
@@ -756,3 +756,21 @@ def test_a_revert_of_a_pool_that_restarts_every_epoch_is_judged_steady_against_s
     d = slower.decide(at(part(NP, 30.0, batches=75, start_up=0.3, stall=LOW), mid_epoch=True))
     assert d.event == "reopen" and slower.rejections == 0
     assert slower.spent_seconds == pytest.approx(before + 0.3)
+
+
+def test_a_drift_in_the_rest_after_the_revert_that_settled_the_run_reopens_it():
+    """The third rejection settles the run at its probe's revert; the incumbent's rest of that epoch then runs
+    three times slower (a competitor): the settled reference is left beyond DRIFT, so the run reopens there,
+    with the rejections cleared, as a whole epoch's drift would (one mechanism for both)."""
+    policy = Policy(W2, max_workers=2, explore_share=1)
+    policy.decide(obs(W2, 10.0, stall=LOW))  # warm-up
+    d = policy.decide(obs(W2, 10.0, stall=LOW))
+    for _ in range(2):
+        assert d.event == "try"
+        assert policy.decide(probe(d.config, 30.0, stall=LOW)).event == "revert"
+        d = policy.decide(obs(W2, 10.0, batches=75, stall=LOW))
+    assert d.event == "try" and policy.decide(probe(d.config, 30.0, stall=LOW)).event == "settle"
+    assert policy.settled and policy.rejections == 3
+    d = policy.decide(obs(W2, 30.0, batches=75, stall=LOW))
+    assert d.event == "reopen" and "30.00 ms a batch against 10.00 before" in d.line
+    assert not policy.settled and policy.rejections == 0 and policy.stats[W2].epochs == [pytest.approx(0.030)]

@@ -82,7 +82,9 @@ The rules (a hill climb, as tf.data's and MindSpore's, with a significance test)
    A move that only feeds the loader (more workers, prefetch, persistence, pinning, worker threads) is not
    tried while the stall is under ``MIN_GAIN``: removing every wait could not make the epoch as much faster
    as a switch is kept for. For the same reason persistence, which saves no more than the pool's restart an
-   epoch, is not tried while the incumbent's measured start-up is under ``MIN_GAIN`` of its epoch (the
+   epoch, is not tried while the incumbent's measured start-up is under ``MIN_GAIN`` of its latest epoch (of
+   a long epoch's part: the restart is then weighed against less than it is spread over, so it is tried sooner;
+   the
    phase change of benchmarks/adapt.py: a 0.03 s restart of a 4-10 s epoch, tried first twice and rejected
    twice, where another move was 1.36x faster).
 6. ``observe`` mode measures and never moves. A move ``allowed`` refuses (memory, /dev/shm) is skipped;
@@ -212,8 +214,8 @@ class _Stats:
     cpu_share: float = 0.0  # the main process's CPU seconds per wall second in the latest epoch
     cpu_before: float = 0.0  # the same in the epoch before it
     steady: float = 0.0  # the latest epoch's seconds per batch without its fresh pool's start-up
-    start_up: float = 0.0  # the latest fresh pool's start-up (a non-persistent pool pays it every epoch)
-    restarts: bool = False  # a start-up of this configuration's pool was measured (``start_up`` is one)
+    start_up: float | None = None  # the latest fresh pool's start-up (a non-persistent pool pays it every
+    # epoch); None before one was measured
 
 
 Allowed = Callable[[LoaderConfig], str | None]  # None: the configuration may run; else why not
@@ -276,12 +278,12 @@ def moves(config: LoaderConfig, stall: float, *, max_workers: int, cuda: bool, f
         saturated = threads is not None and cpu_share >= SATURATED * main
         if saturated and "more main threads" in fewer:
             out["more main threads"] = fewer.pop("more main threads")
+        none = {"no workers": config.refit(num_workers=0)} if n > 1 else {}
         for name, candidate in fewer.items():
             out[name] = candidate
-            if name == "fewer workers" and n > 1 and saturated:  # the step is short of cores: see ``moves``
-                out["no workers"] = config.refit(num_workers=0)
-        if n > 1:
-            out.setdefault("no workers", config.refit(num_workers=0))
+            if name == "fewer workers" and saturated:  # the step is short of cores: see the docstring
+                out.update(none)
+        out.update(none)  # where it was not placed already (an update keeps a key's place)
         out.update(more)
     ordered = list(out.items())
     lead = "fewer main threads" if starved and "fewer main threads" in out else first
@@ -311,7 +313,7 @@ class Policy:
         self.rejections = 0
         self.settled = False
         self.reference: float | None = None  # the settled incumbent's figure
-        self.reference_steady = 0.0  # the same without its fresh pool's start-up (``_left_figure``)
+        self.reference_steady = 0.0  # the same without its fresh pool's start-up (``_steady_figure``)
         self.settled_stall = 0.0
         self.epochs = 0
         self._log_chunks: list[float] = []  # each chunk's log seconds per batch less its epoch's mean
@@ -334,9 +336,10 @@ class Policy:
 
     # ------------------------------------------------------------------ measurements
 
-    def _account(self, obs: EpochObservation) -> None:
+    def _account(self, obs: EpochObservation, drifted_rest: bool = False) -> None:
         """Rule 5's ledger, from the observation as measured (before it is recorded: the incumbent's figure
-        it is charged against is the one before it)."""
+        it is charged against is the one before it). ``drifted_rest``: ``obs`` is the rest of an epoch a revert
+        gave back, and it left the incumbent's figure (a drift, which the fixed run pays too)."""
         self.seen_seconds += obs.seconds + obs.overhead_seconds
         self.spent_seconds += obs.overhead_seconds  # a fixed loader has no bookkeeping and no switch
         if obs.fresh_pool and obs.config.num_workers:  # a one-batch part (capped): its whole first wait
@@ -352,11 +355,10 @@ class Policy:
             self._credit = False
         elif self._after_revert and obs.config == self.incumbent:
             self._after_revert = False
-            if (self._restarted and incumbent is not None and rate is not None
-                    and not self._left_figure(obs.steady_seconds_per_batch)):  # the rest a probe gave back
+            if drifted_rest:  # its restart only, which mid-epoch the fixed run does not pay
+                self.spent_seconds += obs.start_up_seconds
+            elif self._restarted and incumbent is not None and rate is not None:  # the rest a probe gave back
                 self.spent_seconds += obs.seconds - self._fixed(incumbent, obs.batches, restart=False)
-            elif self._restarted:  # a rest that drifted (the fixed run pays that too): its restart only, which
-                self.spent_seconds += obs.start_up_seconds  # mid-epoch the fixed run does not pay
             else:  # a whole epoch (or part): only its restart is beyond what the fixed run pays
                 self.spent_seconds += obs.seconds - obs.seconds_per_batch * obs.batches
             if self._open is not None:
@@ -410,7 +412,7 @@ class Policy:
         otherwise its figure a batch."""
         if not self.incumbent.num_workers or self.incumbent.persistent_workers:
             return incumbent.epochs[-1] * batches
-        return (incumbent.start_up if restart else 0.0) + incumbent.steady * batches
+        return ((incumbent.start_up or 0.0) if restart else 0.0) + incumbent.steady * batches
 
     def left(self, seconds: float = 0.0) -> float:
         """What the budget has left (rule 5), ``seconds`` more of the run counted in."""
@@ -441,7 +443,7 @@ class Policy:
         stats.epochs.append(obs.seconds_per_batch)
         stats.steady = obs.steady_seconds_per_batch
         if obs.fresh_pool and obs.config.num_workers:
-            stats.start_up, stats.restarts = obs.start_up_seconds, True
+            stats.start_up = obs.start_up_seconds
         stats.stall = obs.stall
         stats.cpu_before = stats.cpu_share
         stats.cpu_share = obs.main_cpu_seconds / obs.seconds if obs.seconds > 0 else 0.0
@@ -476,19 +478,24 @@ class Policy:
         gave back is the incumbent's too (a competitor that started during a try)."""
         if self.observe or self.trying is not None or config != self.incumbent:
             return False
-        return self._left_figure(steady)
+        before = self._steady_figure()
+        return before is not None and self._changed(steady, before)
 
-    def _left_figure(self, steady: float) -> bool:
-        """Whether ``steady`` seconds per batch of the incumbent (without a fresh pool's start-up) left its
-        figure (its latest epoch's, or the settled reference), taken without its start-up too, beyond ``DRIFT``
-        and twice the run's noise: rule 3's test. Steady against steady: a pool that restarts every epoch has
-        its start-up in its figure, and a part's rate without it would read as a drift where nothing changed."""
+    def _steady_figure(self) -> float | None:
+        """The incumbent's figure without its fresh pool's start-up: its latest epoch's, or the settled
+        reference (None before a measured epoch). A part's steady rate is held against it, not against the
+        figure: a pool that restarts every epoch has its start-up in that, so a part without one would read
+        as faster, or its rest after a revert as a drift, where nothing changed."""
         stats = self.stats.get(self.incumbent)
-        if stats is None or not stats.epochs or steady <= 0:
-            return False
-        before = (self.reference_steady or self.reference) if self.settled and self.reference else (
-            stats.steady or stats.epochs[-1])
-        return bool(before) and abs(math.log(steady / before)) > max(DRIFT, 2 * self.noise())
+        if stats is None or not stats.epochs:
+            return None
+        if self.settled and self.reference:
+            return self.reference_steady or self.reference
+        return stats.steady or stats.epochs[-1]
+
+    def _changed(self, now: float, before: float) -> bool:
+        """Rule 3's test: ``now`` left ``before`` (seconds per batch) beyond ``DRIFT`` and twice the run's noise."""
+        return now > 0 and before > 0 and abs(math.log(now / before)) > max(DRIFT, 2 * self.noise())
 
     def crashed(self, config: LoaderConfig, why: str) -> None:
         """``config``'s workers failed where the incumbent's did not: the loader is back on the incumbent,
@@ -508,7 +515,11 @@ class Policy:
 
     def decide(self, obs: EpochObservation) -> Decision:
         self.epochs += 1
-        self._account(obs)
+        # the rest of an epoch a revert gave back is not the incumbent's figure, unless it drifted (rule 3)
+        rest = self._restarted and obs.config == self.incumbent and not self.observe
+        before = self._steady_figure() if rest else None
+        drifted_rest = before is not None and self._changed(obs.steady_seconds_per_batch, before)
+        self._account(obs, drifted_rest)
         self._epoch_start = not obs.mid_epoch
         if self.epochs == 1 and not self.observe:  # rule 1: its figure would be the incumbent's noise
             self.stats.setdefault(obs.config, _Stats()).stall = obs.stall
@@ -521,13 +532,16 @@ class Policy:
                 return self._probe(obs)
             if self.probed is not None:
                 obs, self.probed = self.probed.then(obs), None
-        restarted, self._restarted = self._restarted, False
-        if (restarted and obs.config == self.incumbent and not self.observe
-                and not self._left_figure(obs.steady_seconds_per_batch)):
-            # the rest of an epoch a probe gave back: a restarted pool's part, not the incumbent's figure
+        self._restarted = False
+        if rest and not drifted_rest:  # a restarted pool's part, not the incumbent's figure
             return self._next_move(self.stats[self.incumbent])
-        # (one that left the incumbent's figure is a drift: recorded, and rule 3 reopens from it)
         stats = self._record(obs)
+        if drifted_rest:
+            assert before is not None
+            self.settled = False
+            line = self._conditions_changed(stats, before, obs.steady_seconds_per_batch)
+            decision = self._next_move(self.stats[self.incumbent])
+            return Decision(decision.config, "reopen", f"{line}; {decision.line}")
         if self.observe:
             return Decision(obs.config, "observe", f"{obs.seconds_per_batch * 1e3:.2f} ms a batch, stall "
                                                    f"{obs.stall:.0%}: observed")
@@ -551,11 +565,18 @@ class Policy:
         if len(incumbent.epochs) < 2:
             return None
         now, before = incumbent.epochs[-1], incumbent.epochs[-2]
-        if abs(math.log(now / before)) <= max(DRIFT, 2 * self.noise()):
+        if not self._changed(now, before):
             return None
+        return self._conditions_changed(incumbent, before, now)
+
+    def _conditions_changed(self, incumbent: _Stats, before: float, now: float) -> str:
+        """Rule 3, once a drift is seen (``now`` against ``before``, seconds per batch): what was judged under
+        the old conditions goes (the rejections, the moves tried and skipped, the tries' costs; the ledger
+        stays: the seconds spent are the run's), the incumbent's figure starts from its latest epoch, and
+        whether the slow-down starved the main process of its cores says which move leads."""
         self.rejections, self.tried, self.skipped, self.try_costs = 0, set(), {}, {}
         self.starved = self._starved(incumbent, before)
-        self.stats[self.incumbent] = dataclasses.replace(incumbent, epochs=[now], cpu_before=0.0)
+        self.stats[self.incumbent] = dataclasses.replace(incumbent, epochs=incumbent.epochs[-1:], cpu_before=0.0)
         return f"conditions changed: {now * 1e3:.2f} ms a batch against {before * 1e3:.2f} before"
 
     @staticmethod
@@ -635,8 +656,8 @@ class Policy:
                 continue
             if name in FEED and incumbent.stall < MIN_GAIN:  # rule 5: no wait worth removing
                 continue
-            if name == "persistent workers" and incumbent.restarts and incumbent.start_up < MIN_GAIN * (
-                    incumbent.epochs[-1] * self._part if incumbent.epochs else 0.0):
+            if name == "persistent workers" and incumbent.start_up is not None and incumbent.epochs and (
+                    incumbent.start_up < MIN_GAIN * incumbent.epochs[-1] * self._part):
                 continue  # rule 5: a restart it would save is under the least gain a switch is kept for
             why = self.allowed(config)
             if why is not None:
@@ -669,10 +690,8 @@ class Policy:
         change = abs(math.log(now / self.reference))
         crossed = (incumbent.stall > STALL_HIGH) != (self.settled_stall > STALL_HIGH)
         if change > max(DRIFT, 2 * self.noise()) or crossed:
-            self.settled, self.rejections, self.tried, self.skipped = False, 0, set(), {}
-            self.try_costs = {}  # measured under the conditions before (rule 5): the floors price the new ones
-            self.starved = self._starved(incumbent, self.reference)
-            self.stats[self.incumbent] = dataclasses.replace(incumbent, epochs=[now], cpu_before=0.0)
+            self.settled = False
+            self._conditions_changed(incumbent, self.reference, now)
             decision = self._next_move(self.stats[self.incumbent])
             why = (f"{now * 1e3:.2f} ms a batch against {self.reference * 1e3:.2f} when settled" if not crossed
                    else f"the stall is now {incumbent.stall:.0%}")
