@@ -247,6 +247,19 @@ def test_building_first_or_filling_by_the_first_epoch_is_decided_by_the_re_measu
     assert min(f.total_seconds[0] for f in outcome.finalists if f.config.cache_fill == "build" and f.config.cache) < 9.5
 
 
+def test_a_trial_another_version_wrote_does_not_stop_the_choice_of_finalists(tmp_path):
+    """A shared study holds a slow trial whose configuration this version cannot read: the finalists' roads
+    are looked for past the best three, and that trial is passed over, not fatal."""
+    setup, spec = _setup(FILL_SPACE), _spec()
+    study = optuna.create_study(study_name=_study_name(setup.probe, setup.hardware, spec, setup.space),
+                                storage=_storage.storage_url(None, tmp_path), direction="minimize")
+    newer = {**DEFAULT.to_json(), "cache": "memory", "new": 1}  # a knob a later version added
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=50.0,
+                                              user_attrs={"config": newer, "config_key": "newer"}))
+    outcome = search(spec, _opts(tmp_path, max_trials=12), setup=setup, runner=FillRunner())
+    assert outcome.config.cache_fill == "first_epoch"
+
+
 def test_without_a_cache_among_the_best_no_fill_is_added_to_the_finalists(tmp_path):
     """The road of a cache is asked only where a cache is in contention: the loop's best three hold none."""
     runner = FakeRunner()

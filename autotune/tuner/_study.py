@@ -22,7 +22,7 @@ from autotune._units import format_bytes, format_seconds
 from autotune.caches import remove_leftovers
 from autotune.config import LoaderConfig, cache_backend, usual_advice
 from autotune.dataset import Probe, UserSpec
-from autotune.errors import AutotuneError, MeasurementError
+from autotune.errors import AutotuneError, MeasurementError, RecipeError
 from autotune.machine import shm_rule
 from autotune.machine._hardware import fingerprint as hardware_fingerprint
 from autotune.process import get_allocator
@@ -700,8 +700,12 @@ def _best_distinct(study: optuna.Study, count: int) -> list[optuna.trial.FrozenT
 
 
 def _fill_road(trial: optuna.trial.FrozenTrial) -> str | None:
-    """How a trial's cache is filled ("build" or "first_epoch"); None without a cache."""
-    config = LoaderConfig.from_json(trial.user_attrs["config"])
+    """How a trial's cache is filled ("build" or "first_epoch"); None without a cache, or for a configuration
+    this version cannot read (a study another version shares): that trial is not asked to stand for a road."""
+    try:
+        config = LoaderConfig.from_json(trial.user_attrs["config"])
+    except RecipeError:
+        return None
     return config.cache_fill if config.cache is not None else None
 
 
