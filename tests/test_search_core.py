@@ -24,7 +24,7 @@ from autotune.tuner._predict import Prediction
 from autotune.tuner._preparation import Setup
 from autotune.tuner._runner import Runner, TrialFailed, TrialRunner, TrialTimedOut
 from autotune.tuner._space import Space
-from autotune.tuner._study import _RUNS_PREFIX, SearchOptions, _priors, _study_name, search
+from autotune.tuner._study import _RUNS_PREFIX, SearchOptions, _loop_results, _priors, _study_name, search
 
 SPACE = Space(max_workers=2, contexts=("fork", "spawn"), prefetch_factors=(2, 4), worker_threads=(1, 2),
               main_threads=(None, 1, 2), caches=(None, "memory", "pickle"), allocators=("glibc", "glibc-tuned"))
@@ -245,19 +245,25 @@ def test_building_first_or_filling_by_the_first_epoch_is_decided_by_the_re_measu
     shown = [f.config for f in outcome.finalists]
     assert sum(1 for c in shown if c.cache and c.cache_fill == "build") == 3  # the loop's best three, all builds
     assert min(f.total_seconds[0] for f in outcome.finalists if f.config.cache_fill == "build" and f.config.cache) < 9.5
+    assert shown[-1] == DEFAULT  # the slowest re-measured, listed all the same: the recipe's comparison
 
 
-def test_a_trial_another_version_wrote_does_not_stop_the_choice_of_finalists(tmp_path):
-    """A shared study holds a slow trial whose configuration this version cannot read: the finalists' roads
-    are looked for past the best three, and that trial is passed over, not fatal."""
+def test_a_trial_another_version_wrote_is_never_a_finalist_and_its_figures_are_left_out_with_a_note(tmp_path):
+    """A shared study holds the fastest trial of all, whose configuration this version cannot read: it is
+    passed over as a finalist (nothing could run it again) and its figures are left out, said in a note."""
     setup, spec = _setup(FILL_SPACE), _spec()
     study = optuna.create_study(study_name=_study_name(setup.probe, setup.hardware, spec, setup.space),
                                 storage=_storage.storage_url(None, tmp_path), direction="minimize")
     newer = {**DEFAULT.to_json(), "cache": "memory", "new": 1}  # a knob a later version added
-    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=50.0,
-                                              user_attrs={"config": newer, "config_key": "newer"}))
+    study.add_trial(optuna.trial.create_trial(
+        state=optuna.trial.TrialState.COMPLETE, value=0.5,
+        user_attrs={**_result(0.5).to_json(), "config": newer, "config_key": "newer"}))
     outcome = search(spec, _opts(tmp_path, max_trials=12), setup=setup, runner=FillRunner())
     assert outcome.config.cache_fill == "first_epoch"
+    notes: list[str] = []
+    assert all(0.5 not in f.total_seconds for f in outcome.finalists)
+    assert {c.cache_fill for c in _loop_results(study, notes) if c.cache} == {"build", "first_epoch"}
+    assert notes == [f"ignored trial 0 of the study {study.study_name}: its configuration cannot be read here"]
 
 
 def test_without_a_cache_among_the_best_no_fill_is_added_to_the_finalists(tmp_path):

@@ -547,14 +547,20 @@ class Search:
             notes=notes,
             finalists=[
                 Finalist(c, tuple(f.total_seconds for f in runs.get(c, [])))
-                for c in sorted((c for c in runs if runs[c]), key=lambda c: medians[c].total_seconds)
-                [:max(self.opts.finalists, 1) + 1]
+                for c in _shown(sorted((c for c in runs if runs[c]), key=lambda c: medians[c].total_seconds),
+                                max(self.opts.finalists, 1) + 1, (winner, default))
             ] + [Finalist(c, ()) for c in failed_finalists],  # failed when measured again
             study={"name": study.study_name, "storage": self.url},
             interval=interval,
             noisy=noisy,
             memory=setup.limits.trial_memory,
         )
+
+
+def _shown(ranked: list[LoaderConfig], count: int, always: tuple[LoaderConfig, ...]) -> list[LoaderConfig]:
+    """The finalists a recipe lists: the ``count`` fastest, and the chosen one and the default wherever they
+    rank (a road's companion or another search's pooled runs can push them past ``count``)."""
+    return [c for i, c in enumerate(ranked) if i < count or c in always]
 
 
 def _settled(figures: dict[LoaderConfig, list[Measurement]], default: LoaderConfig) -> bool:
@@ -595,8 +601,16 @@ def _loop_results(study: optuna.Study, unreadable: list[str] | None = None) -> d
     out: dict[LoaderConfig, list[Measurement]] = {}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         result = _trial_result(study, t, unreadable)
-        if result is not None:
-            out.setdefault(LoaderConfig.from_json(t.user_attrs["config"]), []).append(result)
+        if result is None:
+            continue
+        config = _readable_config(t)
+        if config is None:
+            problem = f"trial {t.number} of the study {study.study_name}: its configuration cannot be read here"
+            if unreadable is None:
+                raise MeasurementError(problem)
+            unreadable.append(f"ignored {problem}")
+            continue
+        out.setdefault(config, []).append(result)
     return out
 
 
@@ -680,33 +694,40 @@ def _status(study: optuna.Study) -> str:
 def _best_distinct(study: optuna.Study, count: int) -> list[optuna.trial.FrozenTrial]:
     """The ``count`` best distinct configurations, by trial figure; and, where one of them holds a cache, the
     best of each way of filling it (built first, filled by the first epoch) that a trial measured, though it
-    ranked lower. The invariant: whether a cache is built first or filled while training is decided by the
-    interleaved re-measurement, never by the trials' figures alone, which come from two extrapolations of a
-    short subset (a fill's first epoch from a few batches, a build from a probe scaled to the length) and so
-    disagree by more than the two roads differ: the article's search at 8edf66a re-measured three builds and
-    no fill, and its build first ran 3.22 s, 1.38x the first-epoch fill the run before had chosen."""
-    best: dict[str, optuna.trial.FrozenTrial] = {}
+    ranked lower, placed right after the best so that a short stage re-measures it early. The invariant:
+    whether a cache is built first or filled while training is decided by the interleaved re-measurement,
+    never by the trials' figures alone, which come from two extrapolations of a short subset (a fill's first
+    epoch from a few batches, a build from a probe scaled to the length) and so disagree by more than the two
+    roads differ: the article's search at 8edf66a re-measured three builds and no fill, and its build first ran
+    3.22 s, 1.38x the first-epoch fill the run before had chosen. A trial whose configuration this version
+    cannot read (a study another version shares) is never a finalist: nothing could run it again."""
+    best: dict[str, tuple[optuna.trial.FrozenTrial, LoaderConfig]] = {}
     for t in sorted(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)),
                     key=lambda t: t.value or 0.0):
-        if not t.user_attrs.get("repeat"):
-            best.setdefault(t.user_attrs["config_key"], t)
+        config = None if t.user_attrs.get("repeat") else _readable_config(t)
+        if config is not None:
+            best.setdefault(t.user_attrs["config_key"], (t, config))
     ranked = list(best.values())
-    out = ranked[:count]
-    if any(_fill_road(t) for t in out):
-        for road in ("build", "first_epoch"):
-            if all(_fill_road(t) != road for t in out):
-                out += [t for t in ranked[count:] if _fill_road(t) == road][:1]
-    return out
+    top, rest = ranked[:count], ranked[count:]
+    roads = {_fill_road(c) for _, c in top}
+    companions = [] if roads == {None} else [
+        next(t for t, c in rest if _fill_road(c) == road)
+        for road in ("build", "first_epoch")
+        if road not in roads and any(_fill_road(c) == road for _, c in rest)]
+    return [t for t, _ in top[:1]] + companions + [t for t, _ in top[1:]]
 
 
-def _fill_road(trial: optuna.trial.FrozenTrial) -> str | None:
-    """How a trial's cache is filled ("build" or "first_epoch"); None without a cache, or for a configuration
-    this version cannot read (a study another version shares): that trial is not asked to stand for a road."""
-    try:
-        config = LoaderConfig.from_json(trial.user_attrs["config"])
-    except RecipeError:
-        return None
+def _fill_road(config: LoaderConfig) -> str | None:
+    """How a configuration's cache is filled ("build" or "first_epoch"); None without a cache."""
     return config.cache_fill if config.cache is not None else None
+
+
+def _readable_config(trial: optuna.trial.FrozenTrial) -> LoaderConfig | None:
+    """A trial's configuration; None where this version cannot read it (a study another version shares)."""
+    try:
+        return LoaderConfig.from_json(trial.user_attrs["config"])
+    except (RecipeError, KeyError):
+        return None
 
 
 def _factory_costs(opts: SearchOptions, hw: dict[str, Any], probe: Probe, plan: Plan, spec: UserSpec,
