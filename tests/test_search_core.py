@@ -244,7 +244,10 @@ def test_building_first_or_filling_by_the_first_epoch_is_decided_by_the_re_measu
     assert outcome.config == fills[0] and outcome.config.cache_fill == "first_epoch"
     shown = [f.config for f in outcome.finalists]
     assert sum(1 for c in shown if c.cache and c.cache_fill == "build") == 3  # the loop's best three, all builds
-    assert min(f.total_seconds[0] for f in outcome.finalists if f.config.cache_fill == "build" and f.config.cache) < 9.5
+    # the builds' figures are FakeRunner's rule (4 s with workers, 6 s without, plus 0.01 s a run), each below
+    # the fill's 9.5 s trial: they ranked above it in the loop, and the fill was re-measured all the same
+    builds = [f for f in outcome.finalists if f.config.cache and f.config.cache_fill == "build"]
+    assert {round(x) for f in builds for x in f.total_seconds} <= {4, 6}
     assert shown[-1] == DEFAULT  # the slowest re-measured, listed all the same: the recipe's comparison
 
 

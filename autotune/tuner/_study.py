@@ -710,10 +710,10 @@ def _best_distinct(study: optuna.Study, count: int) -> list[optuna.trial.FrozenT
     ranked = list(best.values())
     top, rest = ranked[:count], ranked[count:]
     roads = {_fill_road(c) for _, c in top}
-    companions = [] if roads == {None} else [
-        next(t for t, c in rest if _fill_road(c) == road)
-        for road in ("build", "first_epoch")
-        if road not in roads and any(_fill_road(c) == road for _, c in rest)]
+    companions: list[optuna.trial.FrozenTrial] = []
+    for road in ("build", "first_epoch") if roads != {None} else ():
+        if road not in roads:
+            companions += [t for t, c in rest if _fill_road(c) == road][:1]
     return [t for t, _ in top[:1]] + companions + [t for t, _ in top[1:]]
 
 
