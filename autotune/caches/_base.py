@@ -225,7 +225,9 @@ class Cache(torch.utils.data.Dataset[Any], abc.ABC):
     @abc.abstractmethod
     def build(cls, dataset: Any, indices: Sequence[int], path: Path | str | None, *, manifest: dict[str, Any],
               progress: bool = True, workers: int = 0) -> Cache:
-        """Read ``dataset[i]`` for i in ``indices`` and store them; return the opened cache."""
+        """Read ``dataset[i]`` for i in ``indices`` and store them; return the opened cache. An in-memory
+        backend may also take ``meanwhile`` (``MemoryCache.build``): what its caller does in this process while
+        the build's workers decode; it is passed only where it is given."""
 
     @classmethod
     @abc.abstractmethod

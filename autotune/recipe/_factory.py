@@ -28,7 +28,7 @@ from autotune.errors import AutotuneError, DatasetError
 from autotune.integrations._lightning import quiet_worker_warning
 from autotune.loader import FactorySite, make_loader, prepare_source, stream_batches
 from autotune.machine import ranks_per_node
-from autotune.process import DEFAULT_ALLOCATOR, apply_at_runtime, users_threads
+from autotune.process import DEFAULT_ALLOCATOR, apply_at_runtime, get_allocator, users_threads
 from autotune.recipe._file import Profile
 from autotune.recipe._learned import MOVED, starting_config
 from autotune.recipe._measured import Measured
@@ -215,8 +215,9 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
         res.not_applied.append(f"cache_fill='first_epoch' with the {config.cache} cache in a job of several ranks: "
                                "the node's cache is built first")
     site = FactorySite(cache_dir, progress=progress)
+    kept = apply_process_settings and get_allocator(main.allocator).keeps_freed  # the allocator applied above
     prepared = prepare_source(dataset, config, site, transform=transform, collate_fn=overrides.get("collate_fn"),
-                              stream=stream)
+                              stream=stream, kept_batch=overrides.get("batch_size") if kept else None)
     if prepared.random:
         warnings.warn(f"The {config.cache!r} cache is not used: {prepared.why}.", stacklevel=_caller_stacklevel())
         config = config.refit(cache=None)

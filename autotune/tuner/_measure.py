@@ -25,7 +25,7 @@ from autotune.caches._trust import check_trusted
 from autotune.config import LoaderConfig, partial_count
 from autotune.loader import DeviceConsumer, make_loader, prepare_source
 from autotune.machine import EvictionReport, TreeMemory, evict, tree_memory
-from autotune.process import apply_at_runtime
+from autotune.process import apply_at_runtime, get_allocator
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._predict import HEAD, EpochTiming, predict, scale_build
 
@@ -161,12 +161,14 @@ class TrialSite:
         _evict(self.plan)  # the probes' files are warm now; the trial's build is measured cold, as the run's is
         self.build_head, self.build_probe = (timed[0], timed[1]) if len(timed) == 2 else (None, timed[0])
 
-    def build(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
+    def build(self, backend: str, dataset: Any, key: dict[str, Any],
+              meanwhile: Callable[[list[int]], None] | None = None) -> Any:
         indices, _ = self.plan.cached()
         self._order = list(indices)
-        return self._build(backend, dataset, indices, "")
+        return self._build(backend, dataset, indices, "", meanwhile)
 
-    def _build(self, backend: str, dataset: Any, indices: list[int], part: str) -> Any:
+    def _build(self, backend: str, dataset: Any, indices: list[int], part: str,
+               meanwhile: Callable[[list[int]], None] | None = None) -> Any:
         """A ``backend`` cache of ``indices`` under the trial's folder.
 
         Several ranks of one candidate share the folder: a disk cache goes through ``open_or_build`` and its
@@ -179,9 +181,10 @@ class TrialSite:
             manifest = {"key": f"trial-{part}" if part else "trial", "dataset": fingerprint, "trial": True}
             return caches.open_or_build(backend, dataset, root=root, manifest=manifest, indices=indices,
                                         progress=False, workers=plan.build_workers)
+        extra = {"meanwhile": meanwhile} if meanwhile is not None else {}
         return caches.get_backend(backend).build(dataset, indices, os.path.join(root, name),
                                                  manifest={"dataset": fingerprint, "trial": True}, progress=False,
-                                                 workers=plan.build_workers)
+                                                 workers=plan.build_workers, **extra)
 
     def fill(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
         plan = self.plan
@@ -355,8 +358,10 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
         steps[step] = steps.get(step, 0.0) + seconds
 
     site = TrialSite(workload, plan)
+    kept = get_allocator(config.process_settings().allocator).keeps_freed  # applied above, as the factory does
     source = prepare_source(workload.dataset, config, site, transform=workload.transform,
-                            collate_fn=workload.collate_fn, stream=plan.stream, timer=timer)
+                            collate_fn=workload.collate_fn, stream=plan.stream, timer=timer,
+                            kept_batch=workload.batch_size if kept else None)
     dataset, collate_fn = source.dataset, source.collate_fn
     cost = build_cost(config, plan, site, steps)
     fixed = cost.fixed
