@@ -27,6 +27,7 @@ from autotune.caches._base import (
     is_manifest,
     place_for,
     set_aside,
+    takes,
     try_open,
 )
 from autotune.caches._codec import sample_nbytes
@@ -193,7 +194,7 @@ def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, ma
     if not full:
         expected.pop("probes", None)  # probes are indices of the whole dataset
     if cls.in_memory:
-        extra = {"meanwhile": meanwhile} if meanwhile is not None else {}
+        extra = {"meanwhile": meanwhile} if meanwhile is not None and takes(cls.build, "meanwhile") else {}
         return cls.build(dataset, indices, None, manifest=expected, progress=progress, workers=workers, **extra)
     root = ensure_root(root)
     path = cache_path(name, root, expected)

@@ -38,12 +38,13 @@ from autotune.caches import (
     last_line,
     open_or_build,
     open_or_fill,
+    takes,
 )
 from autotune.config import LoaderConfig, partial_count
 from autotune.dataset import check_deterministic
 from autotune.errors import AutotuneError
 from autotune.loader._dataloader import Transformed, with_transform
-from autotune.machine import build_workers, warm_heap
+from autotune.machine import WARMED_BATCHES, build_workers, warm_heap
 
 Collate = Callable[..., Any] | None
 log = logging.getLogger("autotune")
@@ -87,7 +88,8 @@ def reading(source: Any, transform: Callable[..., Any] | None, collate_fn: Colla
 
 Timer = Callable[[str, float], None]
 """Told each step's seconds as the road runs it: ``"check"`` (is ``dataset[i]`` deterministic),
-``"key"`` (a disk cache's content key) and ``"cache"`` (opening, building or setting up the fill)."""
+``"key"`` (a disk cache's content key), ``"cache"`` (opening, building or setting up the fill) and
+``"warm"`` (the part of a memory build spent making the batches' heap resident, ``_heap_for``)."""
 
 
 class CacheSite(Protocol):
@@ -157,8 +159,9 @@ def prepare_source(dataset: Any, config: LoaderConfig, site: CacheSite, *, trans
     deterministic, why = _timed(timer, "check", lambda: check_deterministic(dataset))
     if not deterministic:
         return Prepared(_uncached(dataset, transform, site), collate_fn, random=True, why=why)
+    gathered = transform is None and collate_fn is None  # else batches are default_collate's, of other sizes
     try:
-        cache = _cache(dataset, config, site, timer, _heap_for(config, kept_batch))
+        cache = _cache(dataset, config, site, timer, _heap_for(config, kept_batch if gathered else None, timer))
     except RandomSamples as exc:  # found by the build, which stored nothing: the source, never a traceback
         return Prepared(_uncached(dataset, transform, site), collate_fn, random=True, why=last_line(exc))
     if cache is None:  # it could not be written (a full disk): the source, as without a cache
@@ -167,18 +170,26 @@ def prepare_source(dataset: Any, config: LoaderConfig, site: CacheSite, *, trans
     return Prepared(site.shard(data), collate, cache)
 
 
-def _heap_for(config: LoaderConfig, kept_batch: int | None) -> Callable[[list[int]], None] | None:
+def _heap_for(config: LoaderConfig, kept_batch: int | None,
+              timer: Timer | None = None) -> Callable[[list[int]], None] | None:
     """What a memory build's idle process does for a loader of ``config``: with no workers, every batch is
     gathered in this process, and the two alive at once (the one the loop holds, the next) are new memory
     in epoch 1 only where nothing freed them before; None where the loader's workers gather (each its
-    own), where the allocator returns freed memory (nothing would stay warm), or without a batch size."""
+    own), where the allocator returns freed memory (nothing would stay warm), or without a batch size.
+    Its seconds go to ``timer`` as ``"warm"``: inside the build's, and not a cost per sample."""
     if not kept_batch or kept_batch < 1 or config.num_workers or config.cache is None:
         return None
     if not get_backend(config.cache).in_memory:
         return None
 
     def warm(row_bytes: list[int]) -> None:
-        seconds = warm_heap([kept_batch * b for b in row_bytes], copies=2)
+        try:
+            seconds = warm_heap([kept_batch * b for b in row_bytes], copies=WARMED_BATCHES)
+        except Exception as exc:  # noqa: BLE001 - a warm that cannot be had (MemoryError) leaves epoch 1 to take it
+            log.debug("autotune: the batches' heap was not made resident during the build: %s", exc)
+            return
+        if timer is not None:
+            timer("warm", seconds)
         log.debug("autotune: the heap of two batches made resident during the build's decode (%.3f s)", seconds)
 
     return warm
@@ -198,7 +209,8 @@ def _cache(dataset: Any, config: LoaderConfig, site: CacheSite, timer: Timer | N
         cache = _timed(timer, "cache", lambda: site.fill(backend, dataset, key))
     else:
         site.before("build", config, dataset)
-        cache = _timed(timer, "cache", lambda: site.build(backend, dataset, key, meanwhile))
+        extra = {"meanwhile": meanwhile} if meanwhile is not None and takes(site.build, "meanwhile") else {}
+        cache = _timed(timer, "cache", lambda: site.build(backend, dataset, key, **extra))
     return cache
 
 

@@ -28,10 +28,11 @@ from autotune.machine._memory_limit import BUDGET_SHARE, JobMemory, job_memory
 from autotune.machine._oom import make_expendable, oom_kills, oom_score_adj
 from autotune.machine._populate import populate
 from autotune.machine._shm import batch_bytes, shm_free, shm_rule
-from autotune.machine._warm_heap import warm_heap
+from autotune.machine._warm_heap import WARMED_BATCHES, warm_heap
 
 __all__ = [
     "BUDGET_SHARE",
+    "WARMED_BATCHES",
     "EvictionReport",
     "FileColumn",
     "JobMemory",

@@ -23,8 +23,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+WARMED_BATCHES = 2  # the batch the training loop holds and the one gathered next
 
-def warm_heap(sizes: Sequence[int], copies: int = 2) -> float:
+
+def warm_heap(sizes: Sequence[int], copies: int = WARMED_BATCHES) -> float:
     """Allocate ``copies`` of a block of each of ``sizes`` bytes, write one byte a page, free them; the
     seconds it took. ``copies``: the batches alive at once (the one the loop holds and the next)."""
     start = time.perf_counter()

@@ -201,9 +201,10 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
         # The user's process is changed only for a measured gain (an older recipe may lack the interval).
         log.info("autotune left this process's allocator and threads alone: the recipe measured no gain from it")
         main = plain
+    in_use: str | None = None  # the allocator in use after the apply (None: the process left as it is)
     if apply_process_settings:
         applied = apply_at_runtime(main)
-        res.applied, res.not_applied = list(applied.applied), list(applied.not_applied)
+        res.applied, res.not_applied, in_use = list(applied.applied), list(applied.not_applied), applied.allocator
         if config.num_workers and (config.worker_threads or config.allocator != DEFAULT_ALLOCATOR):
             res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
     else:
@@ -215,7 +216,7 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
         res.not_applied.append(f"cache_fill='first_epoch' with the {config.cache} cache in a job of several ranks: "
                                "the node's cache is built first")
     site = FactorySite(cache_dir, progress=progress)
-    kept = apply_process_settings and get_allocator(main.allocator).keeps_freed  # the allocator applied above
+    kept = in_use is not None and get_allocator(in_use).keeps_freed
     prepared = prepare_source(dataset, config, site, transform=transform, collate_fn=overrides.get("collate_fn"),
                               stream=stream, kept_batch=overrides.get("batch_size") if kept else None)
     if prepared.random:

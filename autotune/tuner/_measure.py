@@ -181,10 +181,10 @@ class TrialSite:
             manifest = {"key": f"trial-{part}" if part else "trial", "dataset": fingerprint, "trial": True}
             return caches.open_or_build(backend, dataset, root=root, manifest=manifest, indices=indices,
                                         progress=False, workers=plan.build_workers)
-        extra = {"meanwhile": meanwhile} if meanwhile is not None else {}
-        return caches.get_backend(backend).build(dataset, indices, os.path.join(root, name),
-                                                 manifest={"dataset": fingerprint, "trial": True}, progress=False,
-                                                 workers=plan.build_workers, **extra)
+        cls = caches.get_backend(backend)
+        extra = {"meanwhile": meanwhile} if meanwhile is not None and caches.takes(cls.build, "meanwhile") else {}
+        return cls.build(dataset, indices, os.path.join(root, name), manifest={"dataset": fingerprint, "trial": True},
+                         progress=False, workers=plan.build_workers, **extra)
 
     def fill(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
         plan = self.plan
@@ -242,9 +242,10 @@ def build_cost(config: LoaderConfig, plan: Plan, site: TrialSite, steps: dict[st
     nothing in it but sets up (its schema head, its folder): fixed, once. A partial built before the first
     epoch: its probe (or, on a small subset, the trial's own build of ``trial_stores``) scaled to the
     ``partial_count`` samples the run stores. A full build: the subset's, every rank's when they share it,
-    scaled to the length it stands for, its start-up measured on a head. ``check`` and ``key`` are fixed."""
-    fixed = steps.get("check", 0.0) + steps.get("key", 0.0)
-    cache = steps.get("cache", 0.0)
+    scaled to the length it stands for, its start-up measured on a head. ``check``, ``key`` and ``warm`` are fixed."""
+    # the warm (``loader._source._heap_for``) runs inside the cache step, once, whatever the length
+    fixed = steps.get("check", 0.0) + steps.get("key", 0.0) + steps.get("warm", 0.0)
+    cache = max(steps.get("cache", 0.0) - steps.get("warm", 0.0), 0.0)
     indices, length = plan.cached()
     if not config.cache or plan.stream:
         return BuildCost(fixed, 0.0, len(indices), length)
@@ -358,7 +359,7 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
         steps[step] = steps.get(step, 0.0) + seconds
 
     site = TrialSite(workload, plan)
-    kept = get_allocator(config.process_settings().allocator).keeps_freed  # applied above, as the factory does
+    kept = applied.allocator is not None and get_allocator(applied.allocator).keeps_freed  # as the factory does
     source = prepare_source(workload.dataset, config, site, transform=workload.transform,
                             collate_fn=workload.collate_fn, stream=plan.stream, timer=timer,
                             kept_batch=workload.batch_size if kept else None)
