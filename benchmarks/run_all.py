@@ -23,6 +23,8 @@ Minutes are those of the 2-CPU machine the README quotes (each result's ``wall_s
                         step; a 60 s search under a cheap step; 4 scenarios (no_regret on mismatch's grid) x
                         (a 6-point grid of what adapt can reach + 3 rows x 3 interleaved repeats): 51 fresh
                         runs                                                     (13-18 min, estimated)
+13. epoch_one.py       2000 JPEGs, 3 epochs; a memory cache built by workers, then read without workers,
+                        the batches' heap made resident during the build or not: 2 cells x 5 repeats (~1.5 min)
 
 Each script prints its Markdown table (passed through here). Timings are only worth quoting from a quiet
 machine (see docs/architecture.md, "Measuring on small machines"). ``--quick`` runs every script's smoke
@@ -42,7 +44,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ORDER = ("article_table", "search_cost", "cpu_lstm", "accelerator", "allocators", "process_settings",
-         "cache_memory", "prediction", "cache_fill", "memory_limit", "provenance", "adapt")
+         "cache_memory", "prediction", "cache_fill", "memory_limit", "provenance", "adapt",
+         "epoch_one")
 
 
 def command(name: str, args: argparse.Namespace, work: Path, failed: list[str]) -> list[str]:

@@ -32,7 +32,7 @@ _spec.loader.exec_module(run_all)
 # load average 9: 970 s and 1036 s before accelerator, 117 s, moved to the first; since then article_table runs 7
 # fewer processes). cpu_lstm writes no JPEGs while article_table does; accelerator's 64 are among its 128.
 GROUPS = (("article_table", "search_cost", "accelerator", "cache_memory", "prediction", "adapt"),
-          ("cpu_lstm", "allocators", "process_settings", "cache_fill", "memory_limit", "provenance"))
+          ("cpu_lstm", "allocators", "process_settings", "cache_fill", "memory_limit", "provenance", "epoch_one"))
 MACHINE_KEYS = {"cpu_model", "usable_cpus", "memory_bytes", "torch", "described", "fingerprint"}
 TIMEOUT = 1200  # a hang's limit; on a quiet 2-CPU machine the whole module takes a few minutes
 ROW_KEYS = {"epoch_s", "setup_s", "total_s", "first_over_steady", "runs", "repeats"}
@@ -372,6 +372,21 @@ def test_cache_fill(results):
     assert data["rows"]["pickle/first_epoch/2"]["over_best_build"] > 0
     assert data["rows"]["memory/first_epoch/2"]["over_best_build"] > 0
     assert "epoch 1 ÷ epoch 2" in data["table_markdown"]
+
+
+@pytest.mark.bench
+@pytest.mark.timeout(TIMEOUT)
+def test_epoch_one(results):
+    data = _check(results, "epoch_one")
+    assert list(data["rows"]) == ["cold", "warmed"]
+    for name, row in data["rows"].items():
+        assert row["failed"] == [] and len(row["epoch_s"]) == 3, name
+        run = row["runs"][0]
+        assert row["first_over_second"]["median"] == run["epoch_s"][0] / run["epoch_s"][1], name
+        assert any(line.startswith("mallopt(") for line in run["info"]["applied"]), name
+    cold, warmed = (data["rows"][c]["runs"][0] for c in ("cold", "warmed"))
+    assert data["paired"]["total"]["median"] == warmed["total_s"] / cold["total_s"]
+    assert "warmed ÷ cold" in data["table_markdown"]
 
 
 @pytest.mark.bench

@@ -5,7 +5,7 @@ class registered in ``_family`` (:func:`register`, :func:`get_backend`, :func:`b
 open-or-build, list and clear in ``_registry``.
 """
 
-from autotune.caches._base import FORMAT_VERSION, READ_CHUNK, Cache, CorruptCache, DiskCache, StaleCache
+from autotune.caches._base import FORMAT_VERSION, READ_CHUNK, Cache, CorruptCache, DiskCache, StaleCache, takes
 from autotune.caches._disk_fill import DiskFill
 from autotune.caches._draws import RandomSamples, last_line
 from autotune.caches._family import backend as get_backend
@@ -58,6 +58,7 @@ __all__ = [
     "build_partial",
     "cache_path",
     "can_gather",
+    "takes",
     "clear_caches",
     "collate_gathered",
     "dataset_key",

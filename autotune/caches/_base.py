@@ -8,6 +8,7 @@ import datetime as _dt
 import errno
 import glob
 import hashlib
+import inspect
 import itertools
 import json
 import os
@@ -183,6 +184,16 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+
+def takes(fn: Any, keyword: str) -> bool:
+    """Whether ``fn`` accepts ``keyword`` (named, or through ``**kwargs``): a plugin's method or a caller's
+    site written before the keyword existed is called as it was written."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return keyword in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
 class Cache(torch.utils.data.Dataset[Any], abc.ABC):
     """A map-style source of exact samples: position k holds ``dataset[indices[k]]``.
 
@@ -225,7 +236,9 @@ class Cache(torch.utils.data.Dataset[Any], abc.ABC):
     @abc.abstractmethod
     def build(cls, dataset: Any, indices: Sequence[int], path: Path | str | None, *, manifest: dict[str, Any],
               progress: bool = True, workers: int = 0) -> Cache:
-        """Read ``dataset[i]`` for i in ``indices`` and store them; return the opened cache."""
+        """Read ``dataset[i]`` for i in ``indices`` and store them; return the opened cache. A backend's
+        build may also take ``meanwhile`` (``MemoryCache.build``): what its caller does in this process while the
+        build's workers decode; it is passed only to a build that names it (``takes``), and only where given."""
 
     @classmethod
     @abc.abstractmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import mmap
 import multiprocessing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,13 +116,17 @@ class MemoryCache(Cache):
 
     @classmethod
     def build(cls, dataset: Any, indices: Sequence[int], path: Path | str | None = None, *, manifest: dict[str, Any],
-              progress: bool = True, workers: int = 0) -> MemoryCache:
+              progress: bool = True, workers: int = 0,
+              meanwhile: Callable[[list[int]], None] | None = None) -> MemoryCache:
+        """``meanwhile``: called once in this process with the bytes of one sample's columns, while the build's
+        workers decode and this process only waits for them (never where the build decodes here)."""
         indices = [int(i) for i in indices]
         n = len(indices)
         if n == 0:
             raise ValueError("A cache needs at least one sample, but got 0 indices.")
         if workers > 0 and "fork" in multiprocessing.get_all_start_methods() and n > _HEAD:
-            return cls._build_in_workers(dataset, indices, manifest=manifest, progress=progress, workers=workers)
+            return cls._build_in_workers(dataset, indices, manifest=manifest, progress=progress, workers=workers,
+                                         meanwhile=meanwhile)
         samples = read_source(dataset, indices, workers=workers, progress=progress, desc="Building memory cache")
         try:
             head = list(itertools.islice(samples, min(8, n)))
@@ -155,7 +159,7 @@ class MemoryCache(Cache):
 
     @classmethod
     def _build_in_workers(cls, dataset: Any, indices: list[int], *, manifest: dict[str, Any], progress: bool,
-                          workers: int) -> MemoryCache:
+                          workers: int, meanwhile: Callable[[list[int]], None] | None = None) -> MemoryCache:
         """Forked workers decode and write each sample straight into the columns, which live in shared
         memory: nothing crosses a pipe or /dev/shm but the small blobs, and the main process, which would
         otherwise copy every sample three times while competing for the same cores, waits. The columns
@@ -183,6 +187,12 @@ class MemoryCache(Cache):
                 multiprocessing_context="fork",
             )
             it = iter(loader)
+            if meanwhile is not None:  # the workers decode; this process would only wait
+                try:
+                    meanwhile([int(column[0].nbytes) for column in columns])
+                except BaseException:
+                    it._shutdown_workers()  # type: ignore[attr-defined]
+                    raise
             with tqdm(total=n, initial=_HEAD, desc="Building memory cache", unit="sample", disable=not progress,
                       leave=False) as bar:
                 try:

@@ -12,7 +12,7 @@ import re
 import shutil
 import stat
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from autotune.caches._base import (
     is_manifest,
     place_for,
     set_aside,
+    takes,
     try_open,
 )
 from autotune.caches._codec import sample_nbytes
@@ -177,13 +178,15 @@ def _warn_anew(why: str, path: Path, name: str, expected: dict[str, Any], doing:
 
 
 def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, manifest: dict[str, Any],
-                  indices: Sequence[int] | None = None, progress: bool = True, workers: int = 0) -> Cache:
+                  indices: Sequence[int] | None = None, progress: bool = True, workers: int = 0,
+                  meanwhile: Callable[[list[int]], None] | None = None) -> Cache:
     """Open the ``name`` cache of ``dataset`` under ``root`` (default: the per-user cache folder) or
     build it, once however many processes ask (NOTE [cache build lock] in ``_lock``).
 
     ``manifest`` is what the cache is checked against (``_key.dataset_key`` for a whole dataset); its
     ``probes`` are compared with the cache's samples at every open. A changed dataset gets a new
-    directory, with a warning naming what changed. The memory backend always builds."""
+    directory, with a warning naming what changed. The memory backend always builds; ``meanwhile`` goes to
+    its build (what this process does while the build's workers decode; a disk build writes then)."""
     cls = get_backend(name)
     full = indices is None
     indices = range(len(dataset)) if indices is None else indices
@@ -191,7 +194,8 @@ def open_or_build(name: str, dataset: Any, *, root: Path | str | None = None, ma
     if not full:
         expected.pop("probes", None)  # probes are indices of the whole dataset
     if cls.in_memory:
-        return cls.build(dataset, indices, None, manifest=expected, progress=progress, workers=workers)
+        extra = {"meanwhile": meanwhile} if meanwhile is not None and takes(cls.build, "meanwhile") else {}
+        return cls.build(dataset, indices, None, manifest=expected, progress=progress, workers=workers, **extra)
     root = ensure_root(root)
     path = cache_path(name, root, expected)
     cache, _ = try_open(cls, path, expected)

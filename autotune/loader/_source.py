@@ -12,6 +12,7 @@ read sample by sample through ``Transformed``, so ``transform`` runs after the c
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import time
@@ -37,14 +38,16 @@ from autotune.caches import (
     last_line,
     open_or_build,
     open_or_fill,
+    takes,
 )
 from autotune.config import LoaderConfig, partial_count
 from autotune.dataset import check_deterministic
 from autotune.errors import AutotuneError
 from autotune.loader._dataloader import Transformed, with_transform
-from autotune.machine import build_workers
+from autotune.machine import WARMED_BATCHES, build_workers, warm_heap
 
 Collate = Callable[..., Any] | None
+log = logging.getLogger("autotune")
 _T = TypeVar("_T")
 
 
@@ -85,7 +88,8 @@ def reading(source: Any, transform: Callable[..., Any] | None, collate_fn: Colla
 
 Timer = Callable[[str, float], None]
 """Told each step's seconds as the road runs it: ``"check"`` (is ``dataset[i]`` deterministic),
-``"key"`` (a disk cache's content key) and ``"cache"`` (opening, building or setting up the fill)."""
+``"key"`` (a disk cache's content key), ``"cache"`` (opening, building or setting up the fill) and
+``"warm"`` (the part of a memory build spent making the batches' heap resident, ``_heap_for``)."""
 
 
 class CacheSite(Protocol):
@@ -100,9 +104,10 @@ class CacheSite(Protocol):
         or ``"partial_fill"`` filled by it) of ``config``'s cache, outside its timing: a trial makes its folder
         here, and measures a build's start-up on a few samples."""
 
-    def build(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
+    def build(self, backend: str, dataset: Any, key: dict[str, Any],
+              meanwhile: Callable[[list[int]], None] | None = None) -> Any:
         """The ``backend`` cache of the site's samples, opened or built; ``key`` is its content key
-        (empty for memory)."""
+        (empty for memory); ``meanwhile`` goes to a memory build (``caches.open_or_build``)."""
 
     def fill(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
         """A cache the first epoch fills (a memory ``FirstEpochCache``, a disk fill) or, on disk, one
@@ -136,11 +141,17 @@ def _timed(timer: Timer | None, step: str, fn: Callable[[], _T]) -> _T:
 
 
 def prepare_source(dataset: Any, config: LoaderConfig, site: CacheSite, *, transform: Callable[..., Any] | None,
-                   collate_fn: Collate, stream: bool = False, timer: Timer | None = None) -> Prepared:
+                   collate_fn: Collate, stream: bool = False, timer: Timer | None = None,
+                   kept_batch: int | None = None) -> Prepared:
     """The source a loader of ``config`` reads, prepared the one way both the factory and a trial do:
     the determinism check (a random ``dataset[i]`` gets no cache), a disk cache's key, the cache opened,
     built or set up to be filled (``config.cache_fill``, ``cache_share``), then read through the gather
-    path or ``Transformed`` with ``transform`` after it. ``timer`` is told each step's seconds."""
+    path or ``Transformed`` with ``transform`` after it. ``timer`` is told each step's seconds.
+
+    ``kept_batch``: the batch size, where this process's allocator keeps what it frees
+    (``process.Allocator.keeps_freed``); then a memory cache built by workers for a loader without
+    workers has the heap of the batches it will gather made resident while the workers decode
+    (``machine.warm_heap``), so epoch 1 does not fault it in (``_heap_for``)."""
     if stream:
         return Prepared(with_transform(dataset, transform, stream=True), collate_fn)
     if config.cache is None:
@@ -148,8 +159,9 @@ def prepare_source(dataset: Any, config: LoaderConfig, site: CacheSite, *, trans
     deterministic, why = _timed(timer, "check", lambda: check_deterministic(dataset))
     if not deterministic:
         return Prepared(_uncached(dataset, transform, site), collate_fn, random=True, why=why)
+    gathered = transform is None and collate_fn is None  # else batches are default_collate's, of other sizes
     try:
-        cache = _cache(dataset, config, site, timer)
+        cache = _cache(dataset, config, site, timer, _heap_for(config, kept_batch if gathered else None, timer))
     except RandomSamples as exc:  # found by the build, which stored nothing: the source, never a traceback
         return Prepared(_uncached(dataset, transform, site), collate_fn, random=True, why=last_line(exc))
     if cache is None:  # it could not be written (a full disk): the source, as without a cache
@@ -158,7 +170,33 @@ def prepare_source(dataset: Any, config: LoaderConfig, site: CacheSite, *, trans
     return Prepared(site.shard(data), collate, cache)
 
 
-def _cache(dataset: Any, config: LoaderConfig, site: CacheSite, timer: Timer | None) -> Any:
+def _heap_for(config: LoaderConfig, kept_batch: int | None,
+              timer: Timer | None = None) -> Callable[[list[int]], None] | None:
+    """What a memory build's idle process does for a loader of ``config``: with no workers, every batch is
+    gathered in this process, and the two alive at once (the one the loop holds, the next) are new memory
+    in epoch 1 only where nothing freed them before; None where the loader's workers gather (each its
+    own), where the allocator returns freed memory (nothing would stay warm), or without a batch size.
+    Its seconds go to ``timer`` as ``"warm"``: inside the build's, and not a cost per sample."""
+    if not kept_batch or kept_batch < 1 or config.num_workers or config.cache is None:
+        return None
+    if not get_backend(config.cache).in_memory:
+        return None
+
+    def warm(row_bytes: list[int]) -> None:
+        try:
+            seconds = warm_heap([kept_batch * b for b in row_bytes], copies=WARMED_BATCHES)
+        except Exception as exc:  # noqa: BLE001 - a warm that cannot be had (MemoryError) leaves epoch 1 to take it
+            log.debug("autotune: the batches' heap was not made resident during the build: %s", exc)
+            return
+        if timer is not None:
+            timer("warm", seconds)
+        log.debug("autotune: the heap of two batches made resident during the build's decode (%.3f s)", seconds)
+
+    return warm
+
+
+def _cache(dataset: Any, config: LoaderConfig, site: CacheSite, timer: Timer | None,
+           meanwhile: Callable[[list[int]], None] | None = None) -> Any:
     backend = config.cache
     assert backend is not None
     key = {} if get_backend(backend).in_memory else _timed(timer, "key", lambda: dataset_key(dataset))
@@ -171,7 +209,8 @@ def _cache(dataset: Any, config: LoaderConfig, site: CacheSite, timer: Timer | N
         cache = _timed(timer, "cache", lambda: site.fill(backend, dataset, key))
     else:
         site.before("build", config, dataset)
-        cache = _timed(timer, "cache", lambda: site.build(backend, dataset, key))
+        extra = {"meanwhile": meanwhile} if meanwhile is not None and takes(site.build, "meanwhile") else {}
+        cache = _timed(timer, "cache", lambda: site.build(backend, dataset, key, **extra))
     return cache
 
 
@@ -236,7 +275,8 @@ class FactorySite:
     def before(self, step: str, config: LoaderConfig, dataset: Any) -> None:
         pass
 
-    def build(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
+    def build(self, backend: str, dataset: Any, key: dict[str, Any],
+              meanwhile: Callable[[list[int]], None] | None = None) -> Any:
         """The cache opened or built; None, with one warning, when it cannot be written (a full disk: an
         OSError, lmdb.Error or an h5py error): training reads the source instead, as a fill does. The
         library's own complaints while the failed build is torn down (h5py's "Exception ignored" lines from
@@ -245,7 +285,7 @@ class FactorySite:
         with _unraisables() as ignored:
             try:
                 return open_or_build(backend, dataset, root=self.root, manifest=key, progress=self.progress,
-                                     workers=self.workers)
+                                     workers=self.workers, meanwhile=meanwhile)
             except AutotuneError:  # the dataset's own failure (DatasetError), random samples, or a refusal: an
                 raise  # untrusted or foreign folder is said, never read past (README "Cache identity and trust")
             except Exception as exc:  # noqa: BLE001 - a backend's write error comes in its library's types

@@ -1,6 +1,6 @@
 """The machine a recipe is tuned on: hardware facts and fingerprint (``_hardware``), the CPUs this
 process may use (``_cpus``), memory, the job's limit and its budget (``_memory``, ``_memory_limit``,
-``_memory_file``, ``_first_touch``, ``_populate``), whom the kernel's OOM killer ends first (``_oom``),
+``_memory_file``, ``_first_touch``, ``_populate``, ``_warm_heap``), whom the kernel's OOM killer ends first (``_oom``),
 /dev/shm (``_shm``), and page-cache eviction for cold reads (``_evict``).  See docs/architecture.md.
 """
 
@@ -28,9 +28,11 @@ from autotune.machine._memory_limit import BUDGET_SHARE, JobMemory, job_memory
 from autotune.machine._oom import make_expendable, oom_kills, oom_score_adj
 from autotune.machine._populate import populate
 from autotune.machine._shm import batch_bytes, shm_free, shm_rule
+from autotune.machine._warm_heap import WARMED_BATCHES, warm_heap
 
 __all__ = [
     "BUDGET_SHARE",
+    "WARMED_BATCHES",
     "EvictionReport",
     "FileColumn",
     "JobMemory",
@@ -58,4 +60,5 @@ __all__ = [
     "tree_pss",
     "tree_rss",
     "usable_cpus",
+    "warm_heap",
 ]

@@ -150,11 +150,13 @@ class Applied:
 
     applied: list[str] = field(default_factory=list)
     not_applied: list[str] = field(default_factory=list)
+    allocator: str | None = None  # the allocator in use in the main process afterwards (None: not looked at)
 
 
 def _runtime_allocator(settings: ProcessSettings, where: str, out: Applied) -> None:
     """Apply what can be applied of the allocator now, in this process; say what was and what was not."""
     active = _family.active()
+    out.allocator = active  # until something else takes
     wanted = _family.get(settings.allocator)
     stand_in = ""
     if wanted.preloaded:
@@ -181,6 +183,7 @@ def _runtime_allocator(settings: ProcessSettings, where: str, out: Applied) -> N
     took, line = done
     if took:
         out.applied.append(line + stand_in)
+        out.allocator = wanted.name
     elif not stand_in:  # a stand-in that does not take leaves the preload's note as the whole story
         out.not_applied.append(line)
 
@@ -231,6 +234,7 @@ def apply_at_runtime(settings: ProcessSettings) -> Applied:
     mine = users_allocator()
     if mine is not None and settings.allocator != _family.DEFAULT:
         out.not_applied.append(f"allocator {settings.allocator}: the user's {mine} kept (set by the user)")
+        out.allocator = _family.active()
     else:
         _runtime_allocator(settings, "main process", out)
     if settings.main_threads is not None:

@@ -25,7 +25,7 @@ from autotune.caches._trust import check_trusted
 from autotune.config import LoaderConfig, partial_count
 from autotune.loader import DeviceConsumer, make_loader, prepare_source
 from autotune.machine import EvictionReport, TreeMemory, evict, tree_memory
-from autotune.process import apply_at_runtime
+from autotune.process import apply_at_runtime, get_allocator
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._predict import HEAD, EpochTiming, predict, scale_build
 
@@ -161,12 +161,14 @@ class TrialSite:
         _evict(self.plan)  # the probes' files are warm now; the trial's build is measured cold, as the run's is
         self.build_head, self.build_probe = (timed[0], timed[1]) if len(timed) == 2 else (None, timed[0])
 
-    def build(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
+    def build(self, backend: str, dataset: Any, key: dict[str, Any],
+              meanwhile: Callable[[list[int]], None] | None = None) -> Any:
         indices, _ = self.plan.cached()
         self._order = list(indices)
-        return self._build(backend, dataset, indices, "")
+        return self._build(backend, dataset, indices, "", meanwhile)
 
-    def _build(self, backend: str, dataset: Any, indices: list[int], part: str) -> Any:
+    def _build(self, backend: str, dataset: Any, indices: list[int], part: str,
+               meanwhile: Callable[[list[int]], None] | None = None) -> Any:
         """A ``backend`` cache of ``indices`` under the trial's folder.
 
         Several ranks of one candidate share the folder: a disk cache goes through ``open_or_build`` and its
@@ -179,9 +181,10 @@ class TrialSite:
             manifest = {"key": f"trial-{part}" if part else "trial", "dataset": fingerprint, "trial": True}
             return caches.open_or_build(backend, dataset, root=root, manifest=manifest, indices=indices,
                                         progress=False, workers=plan.build_workers)
-        return caches.get_backend(backend).build(dataset, indices, os.path.join(root, name),
-                                                 manifest={"dataset": fingerprint, "trial": True}, progress=False,
-                                                 workers=plan.build_workers)
+        cls = caches.get_backend(backend)
+        extra = {"meanwhile": meanwhile} if meanwhile is not None and caches.takes(cls.build, "meanwhile") else {}
+        return cls.build(dataset, indices, os.path.join(root, name), manifest={"dataset": fingerprint, "trial": True},
+                         progress=False, workers=plan.build_workers, **extra)
 
     def fill(self, backend: str, dataset: Any, key: dict[str, Any]) -> Any:
         plan = self.plan
@@ -239,9 +242,10 @@ def build_cost(config: LoaderConfig, plan: Plan, site: TrialSite, steps: dict[st
     nothing in it but sets up (its schema head, its folder): fixed, once. A partial built before the first
     epoch: its probe (or, on a small subset, the trial's own build of ``trial_stores``) scaled to the
     ``partial_count`` samples the run stores. A full build: the subset's, every rank's when they share it,
-    scaled to the length it stands for, its start-up measured on a head. ``check`` and ``key`` are fixed."""
-    fixed = steps.get("check", 0.0) + steps.get("key", 0.0)
-    cache = steps.get("cache", 0.0)
+    scaled to the length it stands for, its start-up measured on a head. ``check``, ``key`` and ``warm`` are fixed."""
+    # the warm (``loader._source._heap_for``) runs inside the cache step, once, whatever the length
+    fixed = steps.get("check", 0.0) + steps.get("key", 0.0) + steps.get("warm", 0.0)
+    cache = max(steps.get("cache", 0.0) - steps.get("warm", 0.0), 0.0)
     indices, length = plan.cached()
     if not config.cache or plan.stream:
         return BuildCost(fixed, 0.0, len(indices), length)
@@ -355,8 +359,10 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
         steps[step] = steps.get(step, 0.0) + seconds
 
     site = TrialSite(workload, plan)
+    kept = applied.allocator is not None and get_allocator(applied.allocator).keeps_freed  # as the factory does
     source = prepare_source(workload.dataset, config, site, transform=workload.transform,
-                            collate_fn=workload.collate_fn, stream=plan.stream, timer=timer)
+                            collate_fn=workload.collate_fn, stream=plan.stream, timer=timer,
+                            kept_batch=workload.batch_size if kept else None)
     dataset, collate_fn = source.dataset, source.collate_fn
     cost = build_cost(config, plan, site, steps)
     fixed = cost.fixed

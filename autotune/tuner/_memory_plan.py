@@ -34,7 +34,9 @@ measured, and what cannot fit is not tried, with a note, instead of being left t
   forkserver), each ``heap`` and the samples it has in flight (a disk build's worker decodes
   ``caches.READ_CHUNK`` samples at a time and the loader prefetches two such chunks of it, while the main
   process unpickles one and writes one; a memory build's worker writes each sample straight into the cache's
-  columns; under an allocator that keeps what it frees, a disk build's processes keep freed chunks too:
+  columns, while the main process, for a loader without workers under an allocator that keeps what it frees,
+  makes ``WARMED_BATCHES`` batches of heap resident (``machine._warm_heap``); under such an allocator, a disk
+  build's processes keep freed chunks too:
   ``KEPT_CHUNKS_IN_MAIN`` and ``KEPT_CHUNKS_IN_WORKER``), and beside a disk build's chunks what its backend's
   writer holds in the main process (``DiskCache.build_held``: lmdb's transaction, 2 x 64 MiB at most); the
   trial's peak is the larger of the two phases;
@@ -55,7 +57,7 @@ from autotune._units import format_bytes
 from autotune.caches import READ_CHUNK, estimate_need
 from autotune.config import DEFAULT, LoaderConfig, cache_backend, partial_count
 from autotune.errors import AutotuneError
-from autotune.machine import BUDGET_SHARE
+from autotune.machine import BUDGET_SHARE, WARMED_BATCHES
 from autotune.process import get_allocator
 from autotune.tuner._space import Space
 
@@ -166,6 +168,8 @@ class TrialMemory:
             return self._main(config) + chunk + writer  # the trial reads the source a chunk at a time itself
         if backend.in_memory:  # its forked workers write each sample into the columns
             held, in_flight = chunk, self.sample_bytes  # the schema's head, then nothing but blobs
+            if not config.num_workers and get_allocator(config.process_settings().allocator).keeps_freed:
+                held += WARMED_BATCHES * self.batch_bytes  # the batches' heap made resident meanwhile (_warm_heap)
             return self._main(config) + held + self.build_workers * (self.heap + in_flight)
         # the main process holds a received chunk and its unpickled samples, and its writer's; each worker is a
         # DataLoader worker of the process's start method (its heap, or a fresh interpreter with its own dataset)
