@@ -83,3 +83,11 @@ def test_trial_seconds_is_the_budgets_share_unless_given(tmp_path):
                                   allocators=("glibc",)))
     assert setup.trial_seconds == 2.0
     assert setup.plan.batch_timeout == 60.0  # 20 trials' worth, at least a minute: not the budget's 6 s trial's
+    # the memory plan counts a trial's cache writer for the samples its build stores: the subset, also after
+    # a shared study sets another one (with_subset)
+    assert setup.limits.trial_memory.build_samples == len(setup.plan.indices) > 0
+    from autotune.tuner._preparation import with_subset
+
+    smaller = with_subset(setup, UserSpec(dataset=Rows(), source="rows.py", batch_size=4),
+                          SearchOptions(budget=300, workdir=tmp_path / "w", progress=False), 8)
+    assert smaller.limits.trial_memory.build_samples == len(smaller.plan.indices) == 8

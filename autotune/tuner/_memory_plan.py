@@ -101,7 +101,7 @@ class TrialMemory:
     # The start method a disk build's read workers get: the search's own (the user's), which a trial takes
     # (tuner/_runner.py); a memory build forks its workers always (they inherit its columns).
     build_context: str | None = None
-    build_samples: int = 0  # the samples a cache build stores, for its writer's buffers (0: not known, its cap)
+    build_samples: int = 0  # the most a trial's cache build stores (its subset), for its writer (0: not known)
     # A trial of a preloaded allocator is spawned under its preload, not forked (tuner/_runner.py: _context_for):
     # its figures, by allocator name, measured the first time such a trial is planned and kept for the search
     # (``_runner.SpawnedCharges``). None: the forked figures stand in (a spawned trial holds an interpreter more).

@@ -110,12 +110,13 @@ def pickled_size(value: object) -> int:
 
 
 def trial_memory(spec: UserSpec, batch_bytes: int, ranks: int, max_memory: int | None, *, sample_bytes: float = 0,
-                 build_workers: int = 0) -> TrialMemory:
+                 build_workers: int = 0, build_samples: int = 0) -> TrialMemory:
     """The figures a trial's memory is planned from (``_memory_plan``), measured here (``fork_charges``, which
     waits until the trials' forkserver holds its imports): the server's own memory (a fresh interpreter), what
     a process forked from it adds once it has run (the plan's heap of a trial and of each forked worker), the
     dataset as a trial unpickles it, and the budget: 70% of what the job has left with the server resident, or
-    ``--max-memory``. Where no probe can be forked, this process's own memory bounds both figures."""
+    ``--max-memory``. Where no probe can be forked, this process's own memory bounds both figures.
+    ``build_samples``: the most a trial's cache build stores (its subset), for the backends' writers."""
     try:
         charges = fork_charges()
     except (OSError, EOFError, RuntimeError, ValueError):
@@ -124,7 +125,8 @@ def trial_memory(spec: UserSpec, batch_bytes: int, ranks: int, max_memory: int |
     return TrialMemory(budget=max_memory or memory.budget(), interpreter=charges.interpreter,
                        heap=charges.forked, dataset=pickled_size(spec.dataset), batch_bytes=batch_bytes,
                        ranks=ranks, available=memory.available, limit_text=memory.describe_limit(),
-                       sample_bytes=int(sample_bytes), build_workers=build_workers, tracker=charges.tracker,
+                       sample_bytes=int(sample_bytes), build_workers=build_workers, build_samples=build_samples,
+                       tracker=charges.tracker,
                        build_context=search_start_method(), spawned=SpawnedCharges(charges))
 
 
@@ -134,8 +136,10 @@ def _prepare_map_style(spec: UserSpec, opts: SearchOptions) -> Setup:
     stateful = epoch_state_warning(spec.dataset)
     ranks = max(1, opts.ranks_per_node)
     builders = build_workers(usable_cpus(1))  # as the factory builds: with the node's CPUs, in any rank
+    trial_seconds = opts.default_trial_seconds
+    count = subset_size(probe, spec.batch_size, trial_seconds, probe.step_seconds)
     memory = trial_memory(spec, probe.batch_bytes, ranks, opts.max_memory, sample_bytes=probe.sample_bytes,
-                          build_workers=builders)
+                          build_workers=builders, build_samples=count)  # a trial's cache holds its subset at most
     limits = Limits(
         usable_cpus=usable_cpus(ranks),
         memory_budget=memory.budget,  # the node's: its N ranks' trials are checked together
@@ -155,8 +159,6 @@ def _prepare_map_style(spec: UserSpec, opts: SearchOptions) -> Setup:
     if not opts.max_memory:
         _note_limit(limits, available=memory.available)
     space = build_space(probe, limits)
-    trial_seconds = opts.default_trial_seconds
-    count = subset_size(probe, spec.batch_size, trial_seconds, probe.step_seconds)
     indices = list(range(probe.length)) if count >= probe.length else probe_indices(probe.length, count, opts.seed)
     sources = source_files(spec.dataset, indices, probe.length, opts.data_dir)
     _note_sources(sources, limits)
@@ -192,7 +194,10 @@ def with_subset(setup: Setup, spec: UserSpec, opts: SearchOptions, count: int) -
     indices = list(range(probe.length)) if count >= probe.length else probe_indices(probe.length, count, opts.seed)
     sources = source_files(spec.dataset, indices, probe.length, opts.data_dir)
     plan = replace(setup.plan, indices=indices, files=sources.files, cold_every_epoch=sources.cold_every_epoch)
-    return replace(setup, plan=plan)
+    limits = setup.limits
+    if limits.trial_memory is not None:  # a trial's cache build stores the new subset at most
+        limits = replace(limits, trial_memory=replace(limits.trial_memory, build_samples=count))
+    return replace(setup, plan=plan, limits=limits)
 
 
 def _note_limit(limits: Limits, memory: JobMemory | None = None, available: int | None = None) -> None:
