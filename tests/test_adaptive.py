@@ -340,20 +340,14 @@ def test_writing_back_takes_at_most_its_share_of_the_run_and_the_record_is_whole
 
 def test_a_run_that_returns_without_closing_its_loader_leaves_its_whole_record(tmp_path):
     """The training script ends with the loop (no close(), as most do): the interpreter's exit writes the rest."""
-    import subprocess
-    import sys
+    from workloads import run_recipe_script
 
     from autotune.recipe._file import RecipeFile
 
     path = tmp_path / "autotune.json"
-    code = ("import sys; sys.path[:0] = sys.argv[2:]\n"
-            "import autotune\nfrom workloads import Numbers\n"
-            "loader = autotune.dataloader(Numbers(400), sys.argv[1], batch_size=8, adapt='observe')\n"
-            "for _ in range(6):\n    for _ in loader: pass\n")
-    tests = str(Path(__file__).parent)
-    run = subprocess.run([sys.executable, "-c", code, str(path), str(Path(tests).parent), tests],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-2000:]
+    run_recipe_script("import autotune\nfrom workloads import Numbers\n"
+                      "loader = autotune.dataloader(Numbers(400), sys.argv[1], batch_size=8, adapt='observe')\n"
+                      "for _ in range(6):\n    for _ in loader: pass\n", path)
     assert RecipeFile.read(path).profiles.popitem()[1].learned.epochs == 6
 
 
@@ -421,7 +415,6 @@ def two_ranks(tmp_path, *args):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     from autotune.machine import _hardware as hardware
 

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import atexit
 import gc
-import subprocess
-import sys
 import weakref
-from pathlib import Path
 
 import pytest
 from test_adaptive import batches
 from test_factory import write_recipe
-from workloads import Numbers
+from workloads import Numbers, run_recipe_script
 
 import autotune
 from autotune.recipe import _write_back
@@ -68,14 +65,9 @@ def test_many_write_backs_leave_the_exit_hooks_as_they_were(tmp_path):
 def test_a_pending_record_is_written_at_the_interpreters_exit(tmp_path):
     """No close(): the second epoch's record, not yet due, is what the exit hook writes."""
     path = write_recipe(tmp_path / "autotune.json")
-    code = ("import sys; sys.path[:0] = sys.argv[2:]\n"
-            "import itertools\nimport autotune\nfrom workloads import Numbers\n"
-            "loader = autotune.dataloader(Numbers(40), sys.argv[1], adapt='observe')\n"
-            "write_back = loader._on_epoch\nwrite_back._clock = itertools.count(1.0).__next__  # Ticks\n"
-            "for _ in range(2):\n    for _ in loader: pass\n"
-            "assert write_back.writes == 1 and write_back._latest.epochs == 2\n")
-    tests = str(Path(__file__).parent)
-    run = subprocess.run([sys.executable, "-c", code, str(path), str(Path(tests).parent), tests],
-                         capture_output=True, text=True, timeout=100)
-    assert run.returncode == 0, run.stderr[-2000:]
+    run_recipe_script("import itertools\nimport autotune\nfrom workloads import Numbers\n"
+                      "loader = autotune.dataloader(Numbers(40), sys.argv[1], adapt='observe')\n"
+                      "write_back = loader._on_epoch\nwrite_back._clock = itertools.count(1.0).__next__  # Ticks\n"
+                      "for _ in range(2):\n    for _ in loader: pass\n"
+                      "assert write_back.writes == 1 and write_back._latest.epochs == 2\n", path, timeout=100)
     assert RecipeFile.read(path).profiles.popitem()[1].learned.epochs == 2

@@ -5,11 +5,25 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import subprocess
+import sys
 import time
 import traceback
 
 import torch
 from torch.utils.data import Dataset, get_worker_info
+
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_recipe_script(body: str, recipe: os.PathLike | str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``body`` in a fresh interpreter that imports this checkout's autotune and these workloads, with the
+    recipe's path as ``sys.argv[1]``; fails the test with the child's stderr if it does not exit 0."""
+    code = "import sys; sys.path[:0] = sys.argv[2:]\n" + body
+    run = subprocess.run([sys.executable, "-c", code, str(recipe), os.path.dirname(_TESTS), _TESTS],
+                         capture_output=True, text=True, timeout=timeout)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run
 
 
 class Numbers(Dataset):
