@@ -279,3 +279,41 @@ def test_the_warm_is_timed_apart_and_a_trial_counts_it_once():
     cost = build_cost(LoaderConfig(cache="memory"), Plan(), Site(), {"check": 0.5, "cache": 1.0, "warm": 0.25})
     assert (cost.fixed, cost.seconds, cost.samples, cost.stores) == (0.75, 0.75, 100, 10_000)
     assert cost.predicted == 0.75 + 0.75 * 100
+
+
+def test_applied_says_whether_the_allocator_in_use_keeps_freed_memory():
+    from autotune.process._settings import Applied
+
+    assert [Applied(allocator=a).keeps_freed for a in ("glibc-tuned", "tcmalloc", "glibc", "jemalloc")] == [
+        True, True, False, False]
+    assert Applied().keeps_freed is False  # nothing looked at: not known to keep
+
+
+class Shifted(Rows):
+    """Rows whose values are shifted by ``by``: a second set (a val set) of the same shapes."""
+
+    def __init__(self, by: int, n: int = 24):
+        super().__init__(n)
+        self.by = by
+
+    def __getitem__(self, i: int):
+        x, y = super().__getitem__(i)
+        return x + self.by, y + self.by
+
+
+@fork_only
+def test_a_train_and_a_val_set_each_warm_and_read_exactly_their_own_samples():
+    train, val = Shifted(0, 40), Shifted(1000, 24)
+    steps: list[str] = []
+    loaders = []
+    for data in (train, val):
+        prepared = prepare_source(data, LoaderConfig(num_workers=0, cache="memory"),
+                                  FactorySite(progress=False, workers=2), transform=None, collate_fn=None,
+                                  kept_batch=8, timer=lambda step, s: steps.append(step))
+        loaders.append((data, torch.utils.data.DataLoader(prepared.dataset, batch_size=8,
+                                                          collate_fn=prepared.collate_fn)))
+    assert steps.count("warm") == 2
+    for data, loader in loaders:
+        plain = torch.utils.data.DataLoader(data, batch_size=8)
+        for got, want in zip(loader, plain, strict=True):
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

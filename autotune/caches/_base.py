@@ -184,7 +184,6 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-
 def takes(fn: Any, keyword: str) -> bool:
     """Whether ``fn`` accepts ``keyword`` (named, or through ``**kwargs``): a plugin's method or a caller's
     site written before the keyword existed is called as it was written."""
@@ -193,6 +192,7 @@ def takes(fn: Any, keyword: str) -> bool:
     except (TypeError, ValueError):
         return False
     return keyword in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
 
 class Cache(torch.utils.data.Dataset[Any], abc.ABC):
     """A map-style source of exact samples: position k holds ``dataset[indices[k]]``.

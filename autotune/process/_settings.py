@@ -152,6 +152,12 @@ class Applied:
     not_applied: list[str] = field(default_factory=list)
     allocator: str | None = None  # the allocator in use in the main process afterwards (None: not looked at)
 
+    @property
+    def keeps_freed(self) -> bool:
+        """Whether the allocator in use afterwards keeps what it frees (``Allocator.keeps_freed``): a loop's
+        freed batches then stay in this process for the next."""
+        return self.allocator is not None and _family.get(self.allocator).keeps_freed
+
 
 def _runtime_allocator(settings: ProcessSettings, where: str, out: Applied) -> None:
     """Apply what can be applied of the allocator now, in this process; say what was and what was not."""

@@ -28,7 +28,7 @@ from autotune.errors import AutotuneError, DatasetError
 from autotune.integrations._lightning import quiet_worker_warning
 from autotune.loader import FactorySite, make_loader, prepare_source, stream_batches
 from autotune.machine import ranks_per_node
-from autotune.process import DEFAULT_ALLOCATOR, apply_at_runtime, get_allocator, users_threads
+from autotune.process import DEFAULT_ALLOCATOR, apply_at_runtime, users_threads
 from autotune.recipe._file import Profile
 from autotune.recipe._learned import MOVED, starting_config
 from autotune.recipe._measured import Measured
@@ -201,10 +201,10 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
         # The user's process is changed only for a measured gain (an older recipe may lack the interval).
         log.info("autotune left this process's allocator and threads alone: the recipe measured no gain from it")
         main = plain
-    in_use: str | None = None  # the allocator in use after the apply (None: the process left as it is)
+    kept = False  # the allocator in use after the apply keeps freed batches (left as it is: not known to)
     if apply_process_settings:
         applied = apply_at_runtime(main)
-        res.applied, res.not_applied, in_use = list(applied.applied), list(applied.not_applied), applied.allocator
+        res.applied, res.not_applied, kept = list(applied.applied), list(applied.not_applied), applied.keeps_freed
         if config.num_workers and (config.worker_threads or config.allocator != DEFAULT_ALLOCATOR):
             res.applied.append("per-worker settings in worker_init_fn: " + config.process_settings().describe())
     else:
@@ -216,7 +216,6 @@ def build_loader(profile: Profile, dataset: Any, *, transform: Callable[..., Any
         res.not_applied.append(f"cache_fill='first_epoch' with the {config.cache} cache in a job of several ranks: "
                                "the node's cache is built first")
     site = FactorySite(cache_dir, progress=progress)
-    kept = in_use is not None and get_allocator(in_use).keeps_freed
     prepared = prepare_source(dataset, config, site, transform=transform, collate_fn=overrides.get("collate_fn"),
                               stream=stream, kept_batch=overrides.get("batch_size") if kept else None)
     if prepared.random:

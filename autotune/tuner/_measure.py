@@ -25,7 +25,7 @@ from autotune.caches._trust import check_trusted
 from autotune.config import LoaderConfig, partial_count
 from autotune.loader import DeviceConsumer, make_loader, prepare_source
 from autotune.machine import EvictionReport, TreeMemory, evict, tree_memory
-from autotune.process import apply_at_runtime, get_allocator
+from autotune.process import apply_at_runtime
 from autotune.tuner._measurement import Measurement
 from autotune.tuner._predict import HEAD, EpochTiming, predict, scale_build
 
@@ -359,10 +359,9 @@ def measure(workload: Workload, config: LoaderConfig, plan: Plan, report: Report
         steps[step] = steps.get(step, 0.0) + seconds
 
     site = TrialSite(workload, plan)
-    kept = applied.allocator is not None and get_allocator(applied.allocator).keeps_freed  # as the factory does
     source = prepare_source(workload.dataset, config, site, transform=workload.transform,
                             collate_fn=workload.collate_fn, stream=plan.stream, timer=timer,
-                            kept_batch=workload.batch_size if kept else None)
+                            kept_batch=workload.batch_size if applied.keeps_freed else None)  # as the factory
     dataset, collate_fn = source.dataset, source.collate_fn
     cost = build_cost(config, plan, site, steps)
     fixed = cost.fixed

@@ -83,6 +83,11 @@ class MemoryTooSmall(AutotuneError):
     """Not even the smallest trial fits the job's memory."""
 
 
+def _keeps_batches(config: LoaderConfig) -> bool:
+    """Whether the main process gathers the batches (no workers) under an allocator that keeps what it frees."""
+    return not config.num_workers and get_allocator(config.process_settings().allocator).keeps_freed
+
+
 @dataclass(frozen=True)
 class TrialMemory:
     """The figures a trial's memory is planned from, measured by the running search."""
@@ -141,9 +146,7 @@ class TrialMemory:
     def main_batches(config: LoaderConfig) -> int:
         """The batches the trial's main process holds while it trains: the one being consumed and the one collated
         or received; without workers, under an allocator that keeps what it frees, the peak it collated at."""
-        if not config.num_workers and get_allocator(config.process_settings().allocator).keeps_freed:
-            return KEPT_BATCHES_IN_MAIN
-        return BATCHES_IN_MAIN
+        return KEPT_BATCHES_IN_MAIN if _keeps_batches(config) else BATCHES_IN_MAIN
 
     def _main(self, config: LoaderConfig) -> int:
         """The trial's own processes, before any batch: its own and its resource tracker."""
@@ -168,7 +171,7 @@ class TrialMemory:
             return self._main(config) + chunk + writer  # the trial reads the source a chunk at a time itself
         if backend.in_memory:  # its forked workers write each sample into the columns
             held, in_flight = chunk, self.sample_bytes  # the schema's head, then nothing but blobs
-            if not config.num_workers and get_allocator(config.process_settings().allocator).keeps_freed:
+            if _keeps_batches(config):
                 held += WARMED_BATCHES * self.batch_bytes  # the batches' heap made resident meanwhile (_warm_heap)
             return self._main(config) + held + self.build_workers * (self.heap + in_flight)
         # the main process holds a received chunk and its unpickled samples, and its writer's; each worker is a
