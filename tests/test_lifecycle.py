@@ -308,3 +308,30 @@ def test_a_stop_while_the_workers_start_waits_for_them_and_leaves_no_exception_i
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 0 and done.stdout.split() == ["stopped"], (done.returncode, done.stdout, done.stderr)
     assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def _sleeps(block_term: bool, ready) -> None:
+    if block_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # process-wide: torch's import may have started threads
+    ready.set()
+    time.sleep(3600)
+
+
+@pytest.mark.parametrize("block_term", [False, True], ids=["ends-on-sigterm", "needs-sigkill"])
+def test_a_killed_trial_is_left_for_its_process_object_to_reap(block_term):
+    # psutil's wait reaped the trial before, so its Process read ECHILD as "not started" and stayed alive in
+    # active_children() for ever (a later test's count of children was one too many)
+    import multiprocessing
+
+    from autotune.tuner._runner import kill_tree
+
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    proc = ctx.Process(target=_sleeps, args=(block_term, ready), name="autotune-trial-0")
+    proc.start()
+    assert ready.wait(60)
+    kill_tree(proc.pid, grace=1.0)
+    proc.join(10)
+    assert not proc.is_alive()
+    assert proc.exitcode == (-signal.SIGKILL if block_term else -signal.SIGTERM)
+    assert proc not in multiprocessing.active_children()

@@ -509,16 +509,38 @@ def kill_tree(pid: int, grace: float = 3.0) -> None:
     procs = [p for p in procs if p not in trackers]
     try:
         root.terminate()
-        root.wait(grace)
-    except (psutil.NoSuchProcess, psutil.TimeoutExpired):
+    except psutil.NoSuchProcess:
         pass
+    _ended(pid, grace)
     for proc in procs:
         try:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(procs, timeout=10)
+    _ended(pid, 10)
+    psutil.wait_procs([p for p in procs if p.pid != pid], timeout=10)
     psutil.wait_procs(trackers, timeout=5)
+
+
+def _ended(pid: int, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``pid`` to end, without reaping it where it is this process's child.
+
+    Its ``multiprocessing.Process`` must be the one to reap it: once another wait (psutil's) has, that
+    object's poll reads ECHILD as "not started yet" and counts the process alive for ever, in
+    ``active_children()`` and ``is_alive()`` alike.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return  # ended, left for its owner to reap
+        except ChildProcessError:  # not this process's child: psutil's wait only polls for it
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
+                psutil.Process(pid).wait(max(0.0, deadline - time.monotonic()))
+            return
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.01)
 
 
 def ended_by_a_kill(exc: BaseException) -> bool:
