@@ -45,8 +45,13 @@ def options(tmp_path, budget: float, **kw) -> SearchOptions:
 ])
 def test_failing_candidates_do_not_stop_the_search(tmp_path, dataset_cls, reason):
     out = tmp_path / "autotune.json"
-    recipe, outcome = search_spec(spec_for(dataset_cls(32)), options(tmp_path, 300, trial_timeout=30, max_trials=2), out)
-    assert outcome.failed, "the worker candidates should have failed"
+    # The default's run takes about 2 s (a read costs 30 ms in the main process), so a worker candidate is
+    # given up on after 1.5 x that + 2 s: time enough to die of its workers even on a loaded machine, where
+    # a default run of milliseconds had the candidate pruned while its workers started, before it failed.
+    recipe, outcome = search_spec(spec_for(dataset_cls(32, delay=0.03)),
+                                  options(tmp_path, 300, trial_timeout=30, max_trials=2), out)
+    assert outcome.failed, ("the worker candidates should have failed", outcome.trials, outcome.pruned,
+                            outcome.notes)
     # A dying worker is detected by the DataLoader or, where it misses it, by the trial timeout.
     assert all(reason in r or "timed out" in r for r in outcome.failed), outcome.failed
     assert any(reason in r for r in outcome.failed), outcome.failed
