@@ -17,6 +17,7 @@ sampler, batch sampler and generator stay the caller's objects, untouched.
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from typing import Any
 
 import torch
@@ -76,8 +77,12 @@ class OwnedBatches:
     def __iter__(self) -> _EpochBatches:
         return _EpochBatches(self)
 
-    def batches(self, seed: int | None) -> Any:
-        from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+    def batches(self, seed: int | None, resume: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        """The epoch's batches, and the sampler's state they are drawn from (``resume``: that state, saved by
+        the epoch being resumed, restored first): its own generator's (torch's samplers move it every epoch),
+        and the state of its iterator and of itself where they are Stateful (torchdata's samplers). A plain
+        ``BatchSampler``'s batches, made here because its iterator hides the sampler's."""
+        from torch.utils.data import RandomSampler, SequentialSampler
 
         sampler = self.sampler
         if sampler is None and self.shuffle:
@@ -85,7 +90,37 @@ class OwnedBatches:
             sampler = RandomSampler(self.dataset, generator=generator)
         elif sampler is None:
             sampler = SequentialSampler(self.dataset)
-        return iter(BatchSampler(sampler, self.batch_size, self.drop_last))
+        own = getattr(self.sampler, "generator", None)
+        own = own if isinstance(own, torch.Generator) and own is not self.generator else None
+        state = dict(resume or {})
+        if resume is not None:
+            if own is not None and "generator" in state:
+                own.set_state(state["generator"])
+            if _stateful(self.sampler) and "sampler" in state:
+                self.sampler.load_state_dict(state["sampler"])
+        else:
+            if own is not None:
+                state["generator"] = own.get_state()
+            if _stateful(self.sampler):
+                state["sampler"] = self.sampler.state_dict()
+        indices = iter(sampler)
+        if resume is not None and _stateful(indices) and "iterator" in state:
+            indices.load_state_dict(state["iterator"])
+        elif resume is None and _stateful(indices):
+            state["iterator"] = indices.state_dict()
+        return _batched(indices, self.batch_size, self.drop_last), state
+
+
+def _stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def _batched(indices: Any, batch_size: int, drop_last: bool) -> Any:
+    """``BatchSampler(sampler, batch_size, drop_last)``'s batches of ``indices``."""
+    while batch := list(islice(indices, batch_size)):
+        if len(batch) < batch_size and drop_last:
+            return
+        yield batch
 
 
 class _EpochBatches:
@@ -96,6 +131,7 @@ class _EpochBatches:
         self.owner = owner
         self.batches: Any = None
         self.start: Any = None  # the generator's state at the epoch's start, or the epoch's own seed
+        self.sampler_start: dict[str, Any] | None = None  # the user sampler's state at the epoch's start
         self.yielded = 0
         self.skip = 0
         self.in_flight: deque[list[int]] = deque()  # handed out, not yet delivered (an ``EpochStream``'s)
@@ -119,7 +155,7 @@ class _EpochBatches:
             seed = int(self.start) if self.start is not None else int(
                 torch.empty((), dtype=torch.int64).random_().item())
             self.start = seed
-        self.batches = owner.batches(seed)
+        self.batches, self.sampler_start = owner.batches(seed, self.sampler_start)
         for _ in range(self.skip):
             next(self.batches)
 
@@ -134,20 +170,22 @@ class _EpochBatches:
         return batch
 
     def state_dict(self) -> dict[str, Any]:
-        return {"start": self.start, "yielded": self.yielded}
+        return {"start": self.start, "sampler_start": self.sampler_start, "yielded": self.yielded}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.start, self.yielded, self.skip, self.batches = state["start"], state["yielded"], state["yielded"], None
+        self.sampler_start = state.get("sampler_start")
         self.in_flight.clear()
         self.again.clear()
         self.delivered = self.yielded
-        if self.yielded >= len(self.owner) and self.owner.generator is not None:
+        if self.yielded >= len(self.owner) and (self.owner.generator is not None or self.sampler_start):
             # saved once the epoch was whole: its draws are made again, as the saved run made them, and this
             # is the next epoch, whole (not an empty rest of the last)
             self._begin()
             for _ in self.batches:
                 pass
             self.start, self.yielded, self.skip, self.batches, self.delivered = None, 0, 0, None, 0
+            self.sampler_start = None
 
 
 class _Current:
