@@ -115,3 +115,48 @@ def test_a_sampler_with_shuffle_is_refused_as_a_plain_loader_refuses_it(tmp_path
     with pytest.raises(ValueError) as tuned:
         autotune.dataloader(dataset, path, sampler=list(range(10)), shuffle=True, loader_cls=cls)
     assert str(tuned.value) == str(plain.value)
+
+
+def _shuffled(kind, dataset, seed):
+    """The caller's shuffling: ``shuffle=True`` with a generator, or a RandomSampler with its own."""
+    from torch.utils.data import RandomSampler
+
+    if kind == "shuffle":
+        return {"shuffle": True, "generator": torch.Generator().manual_seed(seed)}
+    return {"sampler": RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))}
+
+
+@pytest.mark.parametrize("kind", ["shuffle", "own sampler"])
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("saved", ["mid-epoch", "at the last batch", "between epochs"])
+def test_a_fixed_stateful_dataloader_resumed_in_a_fresh_loader_yields_the_plain_loaders_rest(tmp_path, kind, name,
+                                                                                          saved):
+    """A checkpoint in epoch 2 (after its 2nd batch, after its last before the loop ended, or once the loop
+    ended) loaded into a fresh loader whose generator is seeded as the first was: the rest of the epoch, then
+    the next epochs, exactly as the plain loader yields them (StatefulDataLoader primes a finished state's
+    iterator before it makes the next epoch's: the next epoch is drawn once)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    path = write_recipe(tmp_path / "autotune.json", config=CONFIGS[name])
+    dataset = Numbers(37)
+    want = epochs(DataLoader(dataset, batch_size=8, **_shuffled(kind, dataset, 5)), 4)
+
+    def make():
+        return autotune.dataloader(dataset, path, loader_cls=StatefulDataLoader, **_shuffled(kind, dataset, 5))
+
+    loader = make()
+    assert epochs(loader, 1) == want[:1]
+    at = {"mid-epoch": 2, "at the last batch": 5, "between epochs": None}[saved]
+    got = []
+    for batch in loader:
+        got.append(batch[1].tolist())
+        if len(got) == at:
+            break
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = epochs(resumed, 3 if at else 2)
+    if saved == "between epochs":
+        assert rest == want[2:]
+    else:
+        assert got == want[1][:at] and rest == [want[1][at:], *want[2:]]

@@ -179,13 +179,13 @@ class _EpochBatches:
         self.again.clear()
         self.delivered = self.yielded
         if self.yielded >= len(self.owner) and (self.owner.generator is not None or self.sampler_start):
-            # saved once the epoch was whole: its draws are made again, as the saved run made them, and this
-            # is the next epoch, whole (not an empty rest of the last)
+            # saved once the epoch was whole: its draws are made again now, as the saved run made them, so the
+            # next epoch (another iterator: StatefulDataLoader makes one for a finished state, after priming
+            # this one) draws from where the saved run's would; this one has nothing left, and drawing the
+            # next epoch's here would move the generators twice
             self._begin()
             for _ in self.batches:
                 pass
-            self.start, self.yielded, self.skip, self.batches, self.delivered = None, 0, 0, None, 0
-            self.sampler_start = None
 
 
 class _Current:
@@ -209,7 +209,10 @@ class _Current:
         return self.stream.epoch.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.stream.epoch.load_state_dict(state)
+        epoch = self.stream.epoch
+        epoch.load_state_dict(state)
+        if epoch.delivered >= len(self.stream.owner):
+            self.stream.epoch = _EpochBatches(self.stream.owner)  # saved whole: the stream goes on to the next
 
 
 class EpochStream:
