@@ -800,6 +800,37 @@ def test_a_resume_in_a_later_epoch_restores_the_state_a_samplers_own_generator_d
     again.load_state_dict(between)
     assert batches(again, 1) == want[2:]
 
+@pytest.mark.parametrize("kind", ["shuffle", "torch"])
+def test_a_state_saved_between_epochs_after_a_switch_goes_on_in_the_same_loader_and_in_a_fresh_one(tmp_path, kind):
+    """A switch at epoch 1's end leaves the new inner loader without an iterator; ``state_dict()`` then makes
+    one, which primes epoch 2 before it began. The loader goes on with epoch 2, and a fresh loader resumed
+    from that state yields epoch 2 too: the state pins the generators where epoch 2's draws start."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    path = write_recipe(tmp_path / "autotune.json", config=LoaderConfig(), batch_size=4)
+
+    def order():
+        if kind == "shuffle":
+            return {"shuffle": True, "generator": torch.Generator().manual_seed(3)}
+        return {"sampler": _sampler(kind, 3)}
+
+    def make():
+        loader = autotune.dataloader(Numbers(32), path, adapt=True, loader_cls=StatefulDataLoader, **order())
+        loader.policy = Scripted([LoaderConfig(), P2, P2])
+        return loader
+
+    want = batches(DataLoader(Numbers(32), batch_size=4, **order()), 3)
+    loader = make()
+    assert batches(loader, 1) == want[:1] and loader.config == P2
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert batches(loader, 2) == want[1:]
+    assert batches(resumed, 2) == want[1:]
+    loader.close()
+    resumed.close()
+
+
 # ------------------------------------------------------------------------------ a candidate that fails
 
 class KillsTwoWorkerPools(Numbers):

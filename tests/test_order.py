@@ -129,12 +129,14 @@ def _shuffled(kind, dataset, seed):
 @pytest.mark.parametrize("kind", ["shuffle", "own sampler"])
 @pytest.mark.parametrize("name", CONFIGS)
 @pytest.mark.parametrize("saved", ["mid-epoch", "at the last batch", "between epochs"])
-def test_a_fixed_stateful_dataloader_resumed_in_a_fresh_loader_yields_the_plain_loaders_rest(tmp_path, kind, name,
-                                                                                          saved):
+@pytest.mark.parametrize("adapt", [False, True])
+def test_a_stateful_dataloader_resumed_in_a_fresh_loader_yields_the_plain_loaders_rest(tmp_path, kind, name, saved,
+                                                                                    adapt):
     """A checkpoint in epoch 2 (after its 2nd batch, after its last before the loop ended, or once the loop
     ended) loaded into a fresh loader whose generator is seeded as the first was: the rest of the epoch, then
     the next epochs, exactly as the plain loader yields them (StatefulDataLoader primes a finished state's
-    iterator before it makes the next epoch's: the next epoch is drawn once)."""
+    iterator before it makes the next epoch's: the next epoch is drawn once); fixed, or adapting from the
+    recipe's configuration to whatever its policy tries."""
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     path = write_recipe(tmp_path / "autotune.json", config=CONFIGS[name])
@@ -142,7 +144,8 @@ def test_a_fixed_stateful_dataloader_resumed_in_a_fresh_loader_yields_the_plain_
     want = epochs(DataLoader(dataset, batch_size=8, **_shuffled(kind, dataset, 5)), 4)
 
     def make():
-        return autotune.dataloader(dataset, path, loader_cls=StatefulDataLoader, **_shuffled(kind, dataset, 5))
+        return autotune.dataloader(dataset, path, loader_cls=StatefulDataLoader, adapt=adapt,
+                                   **_shuffled(kind, dataset, 5))
 
     loader = make()
     assert epochs(loader, 1) == want[:1]

@@ -90,25 +90,33 @@ class OwnedBatches:
             sampler = RandomSampler(self.dataset, generator=generator)
         elif sampler is None:
             sampler = SequentialSampler(self.dataset)
-        own = getattr(self.sampler, "generator", None)
-        own = own if isinstance(own, torch.Generator) and own is not self.generator else None
-        state = dict(resume or {})
+        own = self._own_generator()
+        state = dict(resume) if resume is not None else self.sampler_state()
         if resume is not None:
             if own is not None and "generator" in state:
                 own.set_state(state["generator"])
             if _stateful(self.sampler) and "sampler" in state:
                 self.sampler.load_state_dict(state["sampler"])
-        else:
-            if own is not None:
-                state["generator"] = own.get_state()
-            if _stateful(self.sampler):
-                state["sampler"] = self.sampler.state_dict()
         indices = iter(sampler)
         if resume is not None and _stateful(indices) and "iterator" in state:
             indices.load_state_dict(state["iterator"])
         elif resume is None and _stateful(indices):
             state["iterator"] = indices.state_dict()
         return _batched(indices, self.batch_size, self.drop_last), state
+
+
+    def _own_generator(self) -> torch.Generator | None:
+        own = getattr(self.sampler, "generator", None)
+        return own if isinstance(own, torch.Generator) and own is not self.generator else None
+
+    def sampler_state(self) -> dict[str, Any]:
+        """The user sampler's state now, as ``batches`` records it (its iterator's apart)."""
+        own, state = self._own_generator(), {}
+        if own is not None:
+            state["generator"] = own.get_state()
+        if _stateful(self.sampler):
+            state["sampler"] = self.sampler.state_dict()
+        return state
 
 
 def _stateful(obj: Any) -> bool:
@@ -170,6 +178,12 @@ class _EpochBatches:
         return batch
 
     def state_dict(self) -> dict[str, Any]:
+        if self.batches is None and self.start is None and not self.again:
+            # not begun (an iterator made for ``state_dict`` after a switch, before its priming): its draws
+            # will start from where the generators are now, which a fresh process's are not
+            owner = self.owner
+            start = owner.generator.get_state() if owner.generator is not None else None
+            return {"start": start, "sampler_start": owner.sampler_state() or None, "yielded": self.yielded}
         return {"start": self.start, "sampler_start": self.sampler_start, "yielded": self.yielded}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -209,10 +223,7 @@ class _Current:
         return self.stream.epoch.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        epoch = self.stream.epoch
-        epoch.load_state_dict(state)
-        if epoch.delivered >= len(self.stream.owner):
-            self.stream.epoch = _EpochBatches(self.stream.owner)  # saved whole: the stream goes on to the next
+        self.stream.epoch.load_state_dict(state)
 
 
 class EpochStream:
@@ -233,6 +244,10 @@ class EpochStream:
 
     def __iter__(self) -> _Current:
         self.rewind()  # a loader starting over (a persistent pool's reset) dropped what it had in flight
+        if self.epoch.delivered >= len(self.owner):
+            # starting over on a whole epoch (a finished state resumed, an iterator made for ``state_dict``
+            # between epochs): the next one, whose draws a loader priming its prefetch makes now
+            self.epoch = _EpochBatches(self.owner)
         return _Current(self)
 
     def begin(self) -> None:
