@@ -163,3 +163,106 @@ def test_a_stateful_dataloader_resumed_in_a_fresh_loader_yields_the_plain_loader
         assert rest == want[2:]
     else:
         assert got == want[1][:at] and rest == [want[1][at:], *want[2:]]
+
+
+@pytest.mark.parametrize("kind", ["shuffle", "own sampler"])
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("saved", ["mid-epoch", "between epochs"])
+@pytest.mark.parametrize("adapt", [False, True])
+def test_a_checkpoint_taken_right_after_a_resume_resumes_the_same_rest(tmp_path, kind, name, saved, adapt):
+    """A state saved before the first batch after ``load_state_dict`` (a training loop that checkpoints as
+    it resumes) is the loaded one: the resumed loader goes on with the saved epoch's rest, and a fresh loader
+    resumed from the second state yields the same (the epoch's start stays the loaded one, not where the
+    fresh generators are; an adapting loader does not take the loaded epoch for a finished one)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    path = write_recipe(tmp_path / "autotune.json", config=CONFIGS[name])
+    dataset = Numbers(37)
+    want = epochs(DataLoader(dataset, batch_size=8, **_shuffled(kind, dataset, 5)), 4)
+
+    def make():
+        return autotune.dataloader(dataset, path, loader_cls=StatefulDataLoader, adapt=adapt,
+                                   **_shuffled(kind, dataset, 5))
+
+    loader = make()
+    epochs(loader, 1)
+    at = 2 if saved == "mid-epoch" else None
+    for k, _ in enumerate(loader, 1):
+        if k == at:
+            break
+    resumed = make()
+    resumed.load_state_dict(loader.state_dict())
+    again = resumed.state_dict()
+    fresh = make()
+    fresh.load_state_dict(again)
+    rest = [want[1][at:], *want[2:]] if at else want[2:]
+    assert epochs(resumed, len(rest)) == rest
+    assert epochs(fresh, len(rest)) == rest
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("adapt", [False, True])
+def test_a_stateful_distributed_sampler_resumed_in_a_later_epoch_yields_its_rest(tmp_path, name, adapt):
+    """torchdata's StatefulDistributedSampler keeps where its next ``__iter__`` resumes, not where its epoch
+    began: it is left to the loader class, which asks it at each batch, as a plain loader does (recorded at
+    an epoch's start, it named the epoch before's end, and a resume in epoch 2 skipped the whole epoch)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+    path = write_recipe(tmp_path / "autotune.json", config=CONFIGS[name], batch_size=4)
+    dataset = Numbers(30)
+
+    def sampler():
+        return StatefulDistributedSampler(dataset, num_replicas=2, rank=1, shuffle=True, seed=5)
+
+    plain = sampler()
+    want = epochs(DataLoader(dataset, batch_size=4, sampler=plain), 3, plain.set_epoch)
+    first = sampler()
+    loader = autotune.dataloader(dataset, path, sampler=first, loader_cls=StatefulDataLoader, adapt=adapt)
+    assert epochs(loader, 1, first.set_epoch) == want[:1]
+    first.set_epoch(1)
+    got = []
+    for batch in loader:
+        got.append(batch[1].tolist())
+        if len(got) == 2:
+            break
+    state = loader.state_dict()
+    second = sampler()
+    resumed = autotune.dataloader(dataset, path, sampler=second, loader_cls=StatefulDataLoader, adapt=adapt)
+    resumed.load_state_dict(state)
+    second.set_epoch(1)
+    rest = [batch[1].tolist() for batch in resumed]
+    assert got == want[1][:2] and rest == want[1][2:]
+    assert epochs(resumed, 1, lambda _: second.set_epoch(2)) == want[2:]
+
+
+class Backwards(torch.utils.data.Sampler):
+    """A sampler without ``__len__``: a plain loader iterates it and has no length."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n - 1, -1, -1))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("adapt", [False, True])
+def test_a_sampler_without_a_length_yields_a_plain_loaders_batches_and_resumes(tmp_path, name, adapt):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    path = write_recipe(tmp_path / "autotune.json", config=CONFIGS[name])
+    dataset = Numbers(20)
+    want = epochs(DataLoader(dataset, batch_size=8, sampler=Backwards(20)), 3)
+    assert epochs(autotune.dataloader(dataset, path, sampler=Backwards(20), adapt=adapt), 3) == want
+
+    def make():
+        return autotune.dataloader(dataset, path, sampler=Backwards(20), loader_cls=StatefulDataLoader, adapt=adapt)
+
+    loader = make()
+    assert epochs(loader, 1) == want[:1]
+    for _batch in loader:
+        break
+    resumed = make()
+    resumed.load_state_dict(loader.state_dict())
+    assert epochs(resumed, 2) == [want[1][1:], want[2]]

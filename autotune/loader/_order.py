@@ -80,8 +80,8 @@ class OwnedBatches:
     def batches(self, seed: int | None, resume: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
         """The epoch's batches, and the sampler's state they are drawn from (``resume``: that state, saved by
         the epoch being resumed, restored first): its own generator's (torch's samplers move it every epoch),
-        and the state of its iterator and of itself where they are Stateful (torchdata's samplers). A plain
-        ``BatchSampler``'s batches, made here because its iterator hides the sampler's."""
+        and its iterator's where that is Stateful (torchdata's samplers). A plain ``BatchSampler``'s batches,
+        made here because its iterator hides the sampler's."""
         from torch.utils.data import RandomSampler, SequentialSampler
 
         sampler = self.sampler
@@ -92,11 +92,8 @@ class OwnedBatches:
             sampler = SequentialSampler(self.dataset)
         own = self._own_generator()
         state = dict(resume) if resume is not None else self.sampler_state()
-        if resume is not None:
-            if own is not None and "generator" in state:
-                own.set_state(state["generator"])
-            if _stateful(self.sampler) and "sampler" in state:
-                self.sampler.load_state_dict(state["sampler"])
+        if resume is not None and own is not None and "generator" in state:
+            own.set_state(state["generator"])
         indices = iter(sampler)
         if resume is not None and _stateful(indices) and "iterator" in state:
             indices.load_state_dict(state["iterator"])
@@ -111,12 +108,15 @@ class OwnedBatches:
 
     def sampler_state(self) -> dict[str, Any]:
         """The user sampler's state now, as ``batches`` records it (its iterator's apart)."""
-        own, state = self._own_generator(), {}
-        if own is not None:
-            state["generator"] = own.get_state()
-        if _stateful(self.sampler):
-            state["sampler"] = self.sampler.state_dict()
-        return state
+        own = self._own_generator()
+        return {"generator": own.get_state()} if own is not None else {}
+
+    def length(self) -> int | None:
+        """``len(self)``, or None for a sampler without a length (a plain loader has none then either)."""
+        try:
+            return len(self)
+        except TypeError:
+            return None
 
 
 def _stateful(obj: Any) -> bool:
@@ -145,6 +145,11 @@ class _EpochBatches:
         self.in_flight: deque[list[int]] = deque()  # handed out, not yet delivered (an ``EpochStream``'s)
         self.again: deque[list[int]] = deque()  # to hand out before the next drawn one (``EpochStream.rewind``)
         self.delivered = 0  # batches the training loop received (an ``EpochStream``'s)
+        # The epoch's start is fixed: drawn (``_begin``) or loaded. Until then a state saved of it is where the
+        # generators are now; after, it is that start, however often it is saved and loaded again.
+        self.pinned = False
+        self.resumed = False  # loaded and nothing delivered since: the epoch a loop starting now goes on with
+        self.exhausted = False  # its batches ran out: every one was handed out
 
     def __iter__(self) -> _EpochBatches:
         return self
@@ -164,6 +169,7 @@ class _EpochBatches:
                 torch.empty((), dtype=torch.int64).random_().item())
             self.start = seed
         self.batches, self.sampler_start = owner.batches(seed, self.sampler_start)
+        self.pinned = True
         for _ in range(self.skip):
             next(self.batches)
 
@@ -171,14 +177,18 @@ class _EpochBatches:
         if self.again:
             batch = self.again.popleft()
         else:
-            if self.batches is None:
-                self._begin()
-            batch = next(self.batches)
+            try:
+                if self.batches is None:
+                    self._begin()  # a resumed epoch saved whole runs out in its skip
+                batch = next(self.batches)
+            except StopIteration:
+                self.exhausted = True
+                raise
         self.yielded += 1
         return batch
 
     def state_dict(self) -> dict[str, Any]:
-        if self.batches is None and self.start is None and not self.again:
+        if not self.pinned:
             # not begun (an iterator made for ``state_dict`` after a switch, before its priming): its draws
             # will start from where the generators are now, which a fresh process's are not
             owner = self.owner
@@ -192,7 +202,10 @@ class _EpochBatches:
         self.in_flight.clear()
         self.again.clear()
         self.delivered = self.yielded
-        if self.yielded >= len(self.owner) and (self.owner.generator is not None or self.sampler_start):
+        self.pinned = self.resumed = True
+        self.exhausted = False
+        length = self.owner.length()
+        if length is not None and self.yielded >= length and (self.owner.generator is not None or self.sampler_start):
             # saved once the epoch was whole: its draws are made again now, as the saved run made them, so the
             # next epoch (another iterator: StatefulDataLoader makes one for a finished state, after priming
             # this one) draws from where the saved run's would; this one has nothing left, and drawing the
@@ -200,6 +213,7 @@ class _EpochBatches:
             self._begin()
             for _ in self.batches:
                 pass
+            self.exhausted = True
 
 
 class _Current:
@@ -244,16 +258,25 @@ class EpochStream:
 
     def __iter__(self) -> _Current:
         self.rewind()  # a loader starting over (a persistent pool's reset) dropped what it had in flight
-        if self.epoch.delivered >= len(self.owner):
+        if self.whole():
             # starting over on a whole epoch (a finished state resumed, an iterator made for ``state_dict``
             # between epochs): the next one, whose draws a loader priming its prefetch makes now
             self.epoch = _EpochBatches(self.owner)
         return _Current(self)
 
+    def whole(self) -> bool:
+        """Whether the present epoch delivered all its batches: by its length where the sampler has one (a
+        loop that knows it never asks past the last), else by its batches having run out."""
+        epoch, length = self.epoch, self.owner.length()
+        if length is not None:
+            return epoch.delivered >= length
+        return epoch.exhausted and not epoch.again and not epoch.in_flight
+
     def begin(self) -> None:
         """A new epoch, unless the present one delivered nothing yet (an iterator made for ``state_dict``
-        may have drawn and prefetched it: those draws are this epoch's)."""
-        if self.epoch.delivered:
+        may have drawn and prefetched it: those draws are this epoch's) or was resumed and goes on now (an
+        iterator made for a ``state_dict`` taken right after ``load_state_dict`` loaded it)."""
+        if self.epoch.delivered and not self.epoch.resumed:
             self.epoch = _EpochBatches(self.owner)
 
     def delivered(self) -> None:
@@ -262,6 +285,7 @@ class EpochStream:
         if epoch.in_flight:
             epoch.in_flight.popleft()
         epoch.delivered += 1
+        epoch.resumed = False  # iterated since: a loop starting later starts a new epoch
 
     def rewind(self) -> None:
         """The batches handed out and not delivered are handed out again first, in order: their loader's
@@ -274,8 +298,8 @@ class EpochStream:
 
 def stream_batches(dataset: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], EpochStream | None]:
     """``kwargs`` with the caller's batching made into an ``EpochStream`` (the stream too); unchanged, and
-    no stream, where ``own_batches`` leaves them (a batch sampler, no batching, a stream of samples) or the
-    loader may deliver out of order (``in_order=False``)."""
+    no stream, where ``own_batches`` leaves them (a batch sampler, no batching, a Stateful sampler, a stream
+    of samples) or the loader may deliver out of order (``in_order=False``)."""
     if kwargs.get("in_order", True) is False:
         return kwargs, None
     out = own_batches(dataset, kwargs)
@@ -289,7 +313,7 @@ def stream_batches(dataset: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any]
 def own_batches(dataset: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` with the caller's batching (batch_size, shuffle, sampler, drop_last, generator) made into an
     ``OwnedBatches`` batch sampler, the loader given a private generator for its workers' seeds; unchanged
-    where the caller chose a batch sampler or no batching."""
+    where the caller chose a batch sampler, no batching or a Stateful sampler (below)."""
     if "batch_sampler" in kwargs or kwargs.get("batch_size", 1) is None or not hasattr(dataset, "__len__"):
         return kwargs
     from torch.utils.data import IterableDataset
@@ -298,6 +322,11 @@ def own_batches(dataset: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
     if kwargs.get("sampler") is not None and kwargs.get("shuffle"):
         raise ValueError("sampler option is mutually exclusive with shuffle")  # what a plain DataLoader says
+    if _stateful(kwargs.get("sampler")):
+        # A Stateful sampler (torchdata's StatefulDistributedSampler) saves where its next ``__iter__`` resumes,
+        # not where its epoch began: only the loader class that asks it at each batch can resume it exactly,
+        # as it does for a plain loader. Its order does not depend on the workers: it draws nothing eagerly.
+        return kwargs
     out = dict(kwargs)
     generator = out.pop("generator", None)
     out["batch_sampler"] = OwnedBatches(dataset, batch_size=out.pop("batch_size", 1),
