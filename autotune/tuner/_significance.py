@@ -3,10 +3,14 @@ the interval of each speed-up (docs/architecture.md §3).
 
 Runs of one configuration vary (5-18% on a small VM, more beside another job), so a ratio of two medians
 means little alone. Each configuration's runs are taken on a log scale, where a ratio is a difference; the
-spread is pooled over every configuration measured more than once (one machine, one noise), together with
-``PRIOR_SPREAD`` (what a small VM shows) weighted as ``PRIOR_DF`` degrees of freedom, and the speed-up's
-95% interval is the difference of the log medians plus or minus Student's t times that spread. A candidate
-whose interval holds 1 is tied with the default, and a tie keeps the default.
+spread is pooled over every configuration measured more than once (one machine, one noise), and the
+speed-up's 95% interval is the difference of the log medians plus or minus Student's t times that spread.
+Until the runs give ``PRIOR_DF`` degrees of freedom of their own, ``PRIOR_SPREAD`` (what a small VM shows)
+stands in for the ones missing: a pair of runs that happened to agree does not make the interval narrow.
+Once they do, the runs' own spread decides: a prior of fixed weight kept a 10% spread in every interval
+however quietly the runs agreed (the accelerator benchmark's 60 ms search: finalists' runs within 1%, two
+and three of them 10% apart, read as a tie at 0.99-1.26x). A candidate whose interval holds 1 is tied with
+the default, and a tie keeps the default.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import TypeVar
 from autotune.config import LoaderConfig
 
 PRIOR_SPREAD = 0.10  # log-scale spread of one configuration's runs before any was repeated (5-18% measured)
-PRIOR_DF = 4  # what the prior spread weighs against the runs' own, in degrees of freedom
+PRIOR_DF = 4  # the runs' degrees of freedom the prior spread stands in for until they have them
 NARROW = 0.05  # a speed-up's interval is narrow enough at about +-5%
 EQUIVALENT = 0.05  # two winners this close in median cost the same in practice: the smaller change is kept
 NOISY_SPREAD = 0.15  # runs of one configuration varying more than ~15% make a machine too noisy to tell
@@ -48,10 +52,11 @@ class Spread:
 
     sigma: float
     df: int
+    measured_df: int = 0  # the runs' own share of ``df``: 0 when nothing was repeated
 
     @classmethod
     def pooled(cls, runs: Mapping[object, Sequence[float]]) -> Spread:
-        """The runs' spread, moderated by the prior (``df`` counts the prior's share too)."""
+        """The runs' spread, the prior standing in for the degrees of freedom they lack (``df`` counts both)."""
         squares, df = 0.0, 0
         for values in runs.values():
             logs = [math.log(v) for v in values if v > 0]
@@ -59,9 +64,11 @@ class Spread:
                 mean = statistics.fmean(logs)
                 squares += sum((x - mean) ** 2 for x in logs)
                 df += len(logs) - 1
-        # The prior counts as PRIOR_DF runs' worth: one pair of runs that happened to agree (or not) does not
-        # make the interval as narrow (or as wide, with t of 1 degree of freedom: 12.7) as that pair alone.
-        return cls(math.sqrt((squares + PRIOR_DF * PRIOR_SPREAD ** 2) / (df + PRIOR_DF)), df + PRIOR_DF)
+        # The prior fills the degrees of freedom up to PRIOR_DF: one pair of runs that happened to agree (or not)
+        # does not make the interval as narrow (or as wide, with t of 1 degree of freedom: 12.7) as that pair
+        # alone; runs with PRIOR_DF of their own are evidence enough of this machine's noise today.
+        prior = max(0, PRIOR_DF - df)
+        return cls(math.sqrt((squares + prior * PRIOR_SPREAD ** 2) / (df + prior)), df + prior, df)
 
 
 @dataclass(frozen=True)
@@ -163,4 +170,4 @@ def noise_since(start: tuple[float, float] | None, cpus: int, spread: Spread) ->
         load = os.getloadavg()[0] / max(cpus, 1)
     except OSError:
         load = None
-    return Noise(steal=steal, load=load, spread=spread.sigma if spread.df > PRIOR_DF else None)
+    return Noise(steal=steal, load=load, spread=spread.sigma if spread.measured_df else None)
