@@ -126,6 +126,21 @@ def _shuffled(kind, dataset, seed):
     return {"sampler": RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))}
 
 
+def _resumable(tmp_path, kind, name, adapt):
+    """The plain loader's four epochs, and a maker of the factory's StatefulDataLoader seeded as it is."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    path = write_recipe(tmp_path / "autotune.json", config=CONFIGS[name])
+    dataset = Numbers(37)
+    want = epochs(DataLoader(dataset, batch_size=8, **_shuffled(kind, dataset, 5)), 4)
+
+    def make():
+        return autotune.dataloader(dataset, path, loader_cls=StatefulDataLoader, adapt=adapt,
+                                   **_shuffled(kind, dataset, 5))
+
+    return want, make
+
+
 @pytest.mark.parametrize("kind", ["shuffle", "own sampler"])
 @pytest.mark.parametrize("name", CONFIGS)
 @pytest.mark.parametrize("saved", ["mid-epoch", "at the last batch", "between epochs"])
@@ -137,16 +152,7 @@ def test_a_stateful_dataloader_resumed_in_a_fresh_loader_yields_the_plain_loader
     the next epochs, exactly as the plain loader yields them (StatefulDataLoader primes a finished state's
     iterator before it makes the next epoch's: the next epoch is drawn once); fixed, or adapting from the
     recipe's configuration to whatever its policy tries."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
-    path = write_recipe(tmp_path / "autotune.json", config=CONFIGS[name])
-    dataset = Numbers(37)
-    want = epochs(DataLoader(dataset, batch_size=8, **_shuffled(kind, dataset, 5)), 4)
-
-    def make():
-        return autotune.dataloader(dataset, path, loader_cls=StatefulDataLoader, adapt=adapt,
-                                   **_shuffled(kind, dataset, 5))
-
+    want, make = _resumable(tmp_path, kind, name, adapt)
     loader = make()
     assert epochs(loader, 1) == want[:1]
     at = {"mid-epoch": 2, "at the last batch": 5, "between epochs": None}[saved]
@@ -174,16 +180,7 @@ def test_a_checkpoint_taken_right_after_a_resume_resumes_the_same_rest(tmp_path,
     it resumes) is the loaded one: the resumed loader goes on with the saved epoch's rest, and a fresh loader
     resumed from the second state yields the same (the epoch's start stays the loaded one, not where the
     fresh generators are; an adapting loader does not take the loaded epoch for a finished one)."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
-    path = write_recipe(tmp_path / "autotune.json", config=CONFIGS[name])
-    dataset = Numbers(37)
-    want = epochs(DataLoader(dataset, batch_size=8, **_shuffled(kind, dataset, 5)), 4)
-
-    def make():
-        return autotune.dataloader(dataset, path, loader_cls=StatefulDataLoader, adapt=adapt,
-                                   **_shuffled(kind, dataset, 5))
-
+    want, make = _resumable(tmp_path, kind, name, adapt)
     loader = make()
     epochs(loader, 1)
     at = 2 if saved == "mid-epoch" else None
