@@ -1009,3 +1009,35 @@ def test_a_parts_rate_so_far_leaves_its_first_wait_out_as_its_chunks_do():
     the drift check reads 10 ms a batch, not 12.5 (which a settled 10.3 ms figure read as a drift)."""
     marks = [0.040 + 0.010 * k for k in range(12)]
     assert rate_so_far(marks, marks[-1]) == pytest.approx(0.010)
+
+
+@pytest.mark.parametrize("at", [2, 5, 10])
+def test_a_resume_from_a_snapshot_behind_the_save_goes_on_without_repeating_a_batch(tmp_path, at):
+    """``snapshot_every_n_steps=3``: a state saved one or two batches after the inner loader's last snapshot is
+    that snapshot plus the batches the resumed iterator draws again and drops. The stream counts them delivered,
+    so the epoch's parts still end where they should and a switch there hands out nothing twice (before: the
+    resumed epoch repeated them, saved after batch 1, 2, 4, 5, 9 or 10 of 16)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    path = write_recipe(tmp_path / "autotune.json", config=P2, batch_size=4)
+    dataset = Numbers(64)  # 16 batches of 4: parts end after batches 4, 8 and 12
+
+    def make():
+        loader = autotune.dataloader(dataset, path, adapt=True, shuffle=True, generator=torch.Generator().manual_seed(6),
+                                     loader_cls=StatefulDataLoader, snapshot_every_n_steps=3)
+        loader.policy, loader.part_batches = Scripted([P2, P1]), 4
+        return loader
+
+    want = batches(DataLoader(dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(6)), 2)
+    loader = make()
+    got = []
+    for batch in loader:
+        got.append(batch[1].tolist())
+        if len(got) == at:
+            break
+    state = loader.state_dict()
+    loader.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert got == want[0][:at] and batches(resumed, 2) == [want[0][at:], want[1]]
+    resumed.close()

@@ -46,6 +46,7 @@ log = logging.getLogger("autotune")
 
 CHUNKS = 8  # an epoch's steady batches in this many chunks: the run's own noise (_adapt_policy rule 2)
 PART_BATCHES = 256  # a long epoch (two parts or more) is judged, and may switch, every this many batches
+_STEPS_SINCE_SNAPSHOT = "_steps_since_snapshot"  # torchdata's multi-worker iterator state: batches past its snapshot
 
 
 @dataclass
@@ -283,6 +284,7 @@ class AdaptiveLoader:
         self._outside = 0.0  # the loader's own wall time since the last observation: the policy's rule 5
         self._drift_epoch = -1  # the epoch whose part a drift ended (at most one an epoch: ``_drift_ends``)
         self._chunk = 0  # the batches of a chunk of the epoch being read (``chunk_size``)
+        self._replayed = 0  # batches a resumed StatefulDataLoader's iterator replays to reach its saved place
         self.epoch = 0
 
     @property
@@ -326,7 +328,13 @@ class AdaptiveLoader:
         if config != self.config:
             self._switch(config)
         self.policy.restart_from(config)
-        self._loader.load_state_dict(state["loader"])
+        inner = state["loader"]
+        # A state saved n batches after its last snapshot (``snapshot_every_n_steps`` > 1) is resumed from the
+        # snapshot: the new iterator draws those n batches again and drops them (the saved run delivered them).
+        # The stream sees them handed out, never delivered: counted here, or the epoch's position stays n behind
+        # (its end never reached, a switch handing them out again).
+        self._replayed = int(inner.get(_STEPS_SINCE_SNAPSHOT) or 0) if isinstance(inner, dict) else 0
+        self._loader.load_state_dict(inner)
 
     def _switch(self, config: LoaderConfig) -> None:
         if self._threads is not None and config.main_threads != self.config.main_threads:
@@ -433,6 +441,10 @@ class AdaptiveLoader:
                     clock.enter()
                     if iterator is None:
                         iterator = self._active = iter(self._loader)
+                        if self._stream is not None:
+                            for _ in range(self._replayed):
+                                self._stream.delivered()
+                        self._replayed = 0
                         if self._recoverable():
                             _unwatch(iterator)
                     batch = next(iterator)
