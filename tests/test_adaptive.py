@@ -14,7 +14,7 @@ import pytest
 import torch
 from test_factory import write_recipe
 from torch.utils.data import DataLoader
-from workloads import Numbers
+from workloads import Numbers, take
 
 import autotune
 from autotune.config import LoaderConfig, usual_advice
@@ -1030,11 +1030,7 @@ def test_a_resume_from_a_snapshot_behind_the_save_goes_on_without_repeating_a_ba
 
     want = batches(DataLoader(dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(6)), 2)
     loader = make()
-    got = []
-    for batch in loader:
-        got.append(batch[1].tolist())
-        if len(got) == at:
-            break
+    got = take(loader, at)
     state = loader.state_dict()
     loader.close()
     resumed = make()

@@ -7,12 +7,33 @@ import pytest
 import torch
 from test_factory import write_recipe
 from torch.utils.data import DataLoader, DistributedSampler
-from workloads import Numbers
+from workloads import Numbers, take
 
 import autotune
 from autotune.config import LoaderConfig
 
 pytestmark = pytest.mark.timeout(120)
+
+@pytest.fixture(autouse=True)
+def _closed(monkeypatch):
+    """Every loader a test makes through the factory is closed after it, as a training script's would be: an
+    adapting loader gives the process's threads back on ``close()`` (a later test must find torch's own
+    count), and a pool left to the garbage collector can outlive the test and hold a later one up."""
+    made = []
+    real = autotune.dataloader
+
+    def dataloader(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(autotune, "dataloader", dataloader)
+    yield
+    for loader in reversed(made):
+        if callable(getattr(loader, "close", None)):
+            loader.close()
+        elif callable(getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)):
+            loader._iterator._shutdown_workers()  # a pool: a single-process iterator has none
+
 
 CONFIGS = {
     "no workers": LoaderConfig(),
@@ -156,11 +177,7 @@ def test_a_stateful_dataloader_resumed_in_a_fresh_loader_yields_the_plain_loader
     loader = make()
     assert epochs(loader, 1) == want[:1]
     at = {"mid-epoch": 2, "at the last batch": 5, "between epochs": None}[saved]
-    got = []
-    for batch in loader:
-        got.append(batch[1].tolist())
-        if len(got) == at:
-            break
+    got = take(loader, at)
     state = loader.state_dict()
     resumed = make()
     resumed.load_state_dict(state)
@@ -184,9 +201,7 @@ def test_a_checkpoint_taken_right_after_a_resume_resumes_the_same_rest(tmp_path,
     loader = make()
     epochs(loader, 1)
     at = 2 if saved == "mid-epoch" else None
-    for k, _ in enumerate(loader, 1):
-        if k == at:
-            break
+    take(loader, at)
     resumed = make()
     resumed.load_state_dict(loader.state_dict())
     again = resumed.state_dict()
@@ -218,11 +233,7 @@ def test_a_stateful_distributed_sampler_resumed_in_a_later_epoch_yields_its_rest
     loader = autotune.dataloader(dataset, path, sampler=first, loader_cls=StatefulDataLoader, adapt=adapt)
     assert epochs(loader, 1, first.set_epoch) == want[:1]
     first.set_epoch(1)
-    got = []
-    for batch in loader:
-        got.append(batch[1].tolist())
-        if len(got) == 2:
-            break
+    got = take(loader, 2)
     state = loader.state_dict()
     second = sampler()
     resumed = autotune.dataloader(dataset, path, sampler=second, loader_cls=StatefulDataLoader, adapt=adapt)
@@ -258,8 +269,7 @@ def test_a_sampler_without_a_length_yields_a_plain_loaders_batches_and_resumes(t
 
     loader = make()
     assert epochs(loader, 1) == want[:1]
-    for _batch in loader:
-        break
+    take(loader, 1)
     resumed = make()
     resumed.load_state_dict(loader.state_dict())
     assert epochs(resumed, 2) == [want[1][1:], want[2]]
