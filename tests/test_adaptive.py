@@ -23,7 +23,7 @@ from autotune.recipe._adapt_policy import Decision, Policy
 from autotune.recipe._adaptive import AdaptiveLoader, rate_so_far
 from autotune.recipe._stall_clock import DeviceClock, HostClock
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("closes_loaders")]
 
 P2 = LoaderConfig(num_workers=2, prefetch_factor=2, persistent_workers=True, multiprocessing_context="fork")
 SCRIPT = [LoaderConfig(), LoaderConfig(num_workers=2, multiprocessing_context="fork"), P2,

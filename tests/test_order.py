@@ -12,28 +12,7 @@ from workloads import Numbers, take
 import autotune
 from autotune.config import LoaderConfig
 
-pytestmark = pytest.mark.timeout(120)
-
-@pytest.fixture(autouse=True)
-def _closed(monkeypatch):
-    """Every loader a test makes through the factory is closed after it, as a training script's would be: an
-    adapting loader gives the process's threads back on ``close()`` (a later test must find torch's own
-    count), and a pool left to the garbage collector can outlive the test and hold a later one up."""
-    made = []
-    real = autotune.dataloader
-
-    def dataloader(*args, **kwargs):
-        made.append(real(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(autotune, "dataloader", dataloader)
-    yield
-    for loader in reversed(made):
-        if callable(getattr(loader, "close", None)):
-            loader.close()
-        elif callable(getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)):
-            loader._iterator._shutdown_workers()  # a pool: a single-process iterator has none
-
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("closes_loaders")]
 
 CONFIGS = {
     "no workers": LoaderConfig(),
