@@ -248,13 +248,12 @@ def test_building_first_or_filling_by_the_first_epoch_is_decided_by_the_re_measu
     assert outcome.config == fills[0] and outcome.config.cache_fill == "first_epoch"
     shown = [f.config for f in outcome.finalists]
     assert sum(1 for c in shown if c.cache and c.cache_fill == "build") == 3  # the loop's best three, all builds
-    # the builds' figures are exactly FakeRunner's rule for their re-measured runs (the second run on), each below
-    # the fill's 9.5 s trial: they ranked above it in the loop, and the fill was re-measured all the same
+    # the builds' figures are exactly FakeRunner's rule for their re-measured runs (the second run on); that they
+    # ranked above the fill in the loop is the finalists' list above (the loop's best three, all builds)
     builds = [f for f in outcome.finalists if f.config.cache and f.config.cache_fill == "build"]
     for f in builds:
         runs = runner.calls.count(f.config)
         assert list(f.total_seconds) == [FakeRunner.figure(f.config, k) for k in range(2, runs + 1)]
-        assert max(f.total_seconds) < 9.5
     assert shown[-1] == DEFAULT  # the slowest re-measured, listed all the same: the recipe's comparison
 
 
