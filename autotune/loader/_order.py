@@ -101,7 +101,6 @@ class OwnedBatches:
             state["iterator"] = indices.state_dict()
         return _batched(indices, self.batch_size, self.drop_last), state
 
-
     def _own_generator(self) -> torch.Generator | None:
         own = getattr(self.sampler, "generator", None)
         return own if isinstance(own, torch.Generator) and own is not self.generator else None
