@@ -58,17 +58,19 @@ def run(policy, observations):
 
 def test_a_loader_bound_run_adds_workers_while_each_step_pays_and_never_tries_back_what_it_beat():
     """W3 beat W2 and W4 beat W3, each beyond the noise: the configuration just beaten is not tried back (one
-    worker fewer from W4 is W3), so after the two prefetch moves no move is left and the policy settles."""
+    worker fewer from W4 is W3), so after the two prefetch moves no move is left and the policy settles. A kept
+    epoch is the new incumbent's figure: the next move is tried from the next epoch on."""
     policy = Policy(W2, max_workers=4, explore_share=1)
     figures = {W2: 10.0, W3: 8.0, W4: 7.0}  # ms a batch; the step waits (stall 0.5)
     prefetch4 = W4.refit(prefetch_factor=4)
     figures.update({prefetch4: 7.1, W4.refit(prefetch_factor=1): 7.0})
-    got = run(policy, [lambda c: obs(c, figures[c])] * 8)
+    got = run(policy, [lambda c: obs(c, figures[c])] * 6)
     assert got == [
-        ("warm-up", W2), ("try", W3), ("keep", W3), ("try", W4), ("keep", W4),
-        ("try", prefetch4), ("revert", W4),  # 7.1 is slower
+        ("warm-up", W2), ("try", W3), ("keep", W4), ("keep", prefetch4),  # each kept epoch tries the next move
+        ("revert", W4),  # 7.1 is slower
         ("try", W4.refit(prefetch_factor=1)),  # as fast: not beyond the noise
     ]
+    assert policy.incumbent == W4 and policy.stats[W4].epochs == [pytest.approx(0.007)] * 2
     assert policy.tried == {W3, prefetch4}
     d = policy.decide(obs(W4.refit(prefetch_factor=1), 7.0))
     assert (d.event, d.config) == ("revert", W4) and policy.rejections == 2
@@ -224,7 +226,8 @@ def test_the_thread_split_is_a_move_judged_as_any_other():
     kept = Policy(W2, max_workers=4, threads=2, explore_share=1)  # the step wants the cores: more main threads pay 20%
     got = run(kept, [lambda c: obs(c, 8.0 if c == t4 else 10.0, stall=0.0)] * 7)
     assert got == [("warm-up", W2), ("try", W1), ("revert", W2), ("try", pf1), ("revert", W2), ("try", t4),
-                   ("keep", t4)]
+                   ("keep", t4.refit(num_workers=1))]  # kept, and one worker fewer tried from it at once
+    assert kept.incumbent == t4 and kept.tried == {W2}
     reverted = Policy(W2, max_workers=4, threads=2, explore_share=1)  # as fast: reverted, the third rejection settles
     got = run(reverted, [lambda c: obs(c, 10.0, stall=0.0)] * 7)
     assert got[-2:] == [("try", t4), ("settle", W2)] and reverted.incumbent == W2
@@ -249,6 +252,9 @@ def test_a_step_keeping_all_its_threads_busy_tries_more_threads_first():
     policy = Policy(W2, max_workers=4, threads=2)
     got = run(policy, [lambda c: obs(c, 8.0 if c == t4 else 10.0, stall=0.0, cpu=1.9)] * 3)
     assert got == [("warm-up", W2), ("try", t4), ("keep", t4)]
+    # nothing else is tried from it yet: the pool moves wait for the budget, and two main threads is what it beat
+    assert policy.trying is None and "exploration waits" in policy.decide(obs(t4, 8.0, stall=0.0, cpu=1.9)).line
+    assert ("fewer main threads", W2.refit(main_threads=2)) in moves(t4, 0.0, max_workers=4, cuda=False, threads=2)
 
 
 def test_a_crashed_candidate_is_a_rejection_never_tried_again():
@@ -284,7 +290,7 @@ def test_a_candidate_clearly_slower_on_its_probe_is_reverted_there_and_one_withi
     d = policy.decide(probe(pf4, 10.3))  # 3% slower on 25 batches: within LOSS, it reads the rest
     assert (d.event, d.config) == ("continue", pf4) and policy.trying == ("more prefetch", pf4)
     d = policy.decide(obs(pf4, 9.0, batches=75))  # judged on all 100: (25 x 10.3 + 75 x 9.0) / 100 ms
-    assert (d.event, d.config) == ("keep", pf4)
+    assert (d.event, d.config) == ("keep", W2.refit(prefetch_factor=8)) and policy.incumbent == pf4
     assert policy.stats[pf4].epochs == [pytest.approx((25 * 0.0103 + 75 * 0.009) / 100)]
     # a kept candidate's measured parts count as they were: 25 x 0.3 ms over, 75 x 1 ms under
     assert policy.spent_seconds == pytest.approx(0.325 + 25 * 0.0003 - 75 * 0.001)
@@ -527,30 +533,30 @@ def test_a_drift_after_an_expensive_first_try_gets_a_try_by_the_epoch_after_it()
 
 def test_a_kept_moves_gain_is_not_banked_for_losing_to_the_new_incumbent():
     """benchmarks/adapt.py's competitor (loaded): fewer main threads kept at 12x left the ledger at -5 s, which
-    then paid a whole probe of "more main threads" 12x slower than the new incumbent (2.5 s). Once kept, the
+    then paid a whole probe of the next thread move 12x slower than the new incumbent (2.5 s). Once kept, the
     candidate is the incumbent the extra is counted against: the ledger goes to zero, and the next bad try is
-    ended within the allowance."""
-    z2 = Z.refit(main_threads=2)  # "more main threads" from T1: the split Z runs with, set
-    policy = Policy(Z, max_workers=2, threads=2, fixed=frozenset({"num_workers"}))
+    ended within the allowance. The split the kept move beat (the process's four threads, set or not) is not
+    tried back."""
+    t2, t1 = Z.refit(main_threads=2), Z.refit(main_threads=1)
+    policy = Policy(Z, max_workers=4, threads=4, fixed=frozenset({"num_workers"}))
     policy.decide(part(Z, 30.0, stall=LOW))
     d = policy.decide(part(Z, 30.0, stall=LOW))
-    assert (d.event, d.config) == ("try", T1)
-    assert policy.decide(loader_part(policy, T1, 10.0, 25, probe=True, stall=LOW)).event == "continue"
+    assert (d.event, d.config) == ("try", t2)
+    assert policy.decide(loader_part(policy, t2, 10.0, 25, probe=True, stall=LOW)).event == "continue"
     assert policy.spent_seconds == pytest.approx(-0.5)  # 25 batches 20 ms under the incumbent
-    assert policy.decide(loader_part(policy, T1, 10.0, 75, stall=LOW)).event == "keep"
+    d = policy.decide(loader_part(policy, t2, 10.0, 75, stall=LOW))
+    assert (d.event, d.config) == ("keep", t1)  # kept, and the next move tried from its epoch at once
     assert policy.spent_seconds == 0.0  # not -2 s
-    d = policy.decide(part(T1, 10.0, stall=LOW))
-    assert (d.event, d.config) == ("try", z2)
-    probe_obs = loader_part(policy, z2, 30.0, 25, probe=True, stall=LOW)
-    assert probe_obs.capped and probe_obs.batches == 9  # 0.020 n > 2% of (8 s + 0.030 n) from n = 9
+    probe_obs = loader_part(policy, t1, 30.0, 25, probe=True, stall=LOW)
+    assert probe_obs.capped and probe_obs.batches == 8  # 0.020 n > 2% of (7 s + 0.030 n) from n = 8
     assert policy.decide(probe_obs).event == "revert"
-    # the ledger: the kept move's -2 s not banked (0), then the capped probe's 9 batches 20 ms over the incumbent;
-    # the run: 2 x 3 s of Z, 100 batches of T1, 1 s of T1, the probe's 9 batches
-    assert policy.spent_seconds == pytest.approx(9 * 0.020)
-    assert policy.seen_seconds == pytest.approx(2 * 3.0 + 100 * 0.010 + 1.0 + 9 * 0.030)
-    # over 2% of the run by less than the one batch that crossed it: 0.18 - 0.02 x 8.27 = 0.0146 s
+    # the ledger: the kept move's -2 s not banked (0), then the capped probe's 8 batches 20 ms over the incumbent;
+    # the run: 2 x 3 s of Z, 100 batches of T1, the probe's 8 batches
+    assert policy.spent_seconds == pytest.approx(8 * 0.020)
+    assert policy.seen_seconds == pytest.approx(2 * 3.0 + 100 * 0.010 + 8 * 0.030)
+    # over 2% of the run by less than the one batch that crossed it: 0.16 - 0.02 x 7.24 = 0.0152 s
     assert policy.spent_seconds - EXPLORE_SHARE * policy.seen_seconds == pytest.approx(
-        9 * 0.020 - EXPLORE_SHARE * (2 * 3.0 + 100 * 0.010 + 1.0 + 9 * 0.030))
+        8 * 0.020 - EXPLORE_SHARE * (2 * 3.0 + 100 * 0.010 + 8 * 0.030))
 
 
 NP = W2.refit(persistent_workers=False)  # a pool that restarts every epoch (the competitor's and phase's recipe)
@@ -559,6 +565,28 @@ NP = W2.refit(persistent_workers=False)  # a pool that restarts every epoch (the
 def at(o, *, mid_epoch):
     """``o`` ended mid-epoch (at a chunk boundary) or at its epoch's end: where the next part starts."""
     return dataclasses.replace(o, mid_epoch=mid_epoch)
+
+
+def test_a_part_a_drift_ended_spreads_its_pools_start_up_over_the_epoch_as_the_fixed_run_pays_it():
+    """The loader ends the incumbent's part on a drift in a pool that restarts every epoch too. Its figure holds
+    the pool's start-up once an epoch, as the fixed run pays it: 0.3 s over the 100 batches of the incumbent's
+    epoch, not over the 20 of the part (15 ms a batch more: a slow-down the fixed run does not have, which
+    would reopen the search where nothing changed, or make the next try look faster)."""
+    def measured():
+        policy = Policy(NP, max_workers=2, explore_share=0.0)  # it measures, and never tries a move
+        policy.decide(part(NP, 10.0, start_up=0.3))
+        assert policy.decide(part(NP, 10.0, start_up=0.3)).event == "measure"
+        assert policy.stats[NP].epochs == [pytest.approx(0.013)] and policy.stats[NP].steady == pytest.approx(0.010)
+        return policy
+
+    same = measured()
+    assert not same.drifting(NP, 0.0102)  # the loader's steady rate from the part's second chunk on
+    d = same.decide(at(part(NP, 10.0, batches=20, start_up=0.3), mid_epoch=True))  # a long epoch's part, say
+    assert d.event == "measure" and same.stats[NP].epochs[-1] == pytest.approx(0.013)
+    slower = measured()
+    assert slower.drifting(NP, 0.030)
+    d = slower.decide(at(part(NP, 30.0, batches=20, start_up=0.3), mid_epoch=True))
+    assert d.event == "reopen" and slower.stats[NP].epochs[-1] == pytest.approx(0.033)
 
 
 def test_a_tries_price_is_what_the_run_pays_beyond_the_fixed_run_at_the_same_point():
@@ -711,9 +739,11 @@ def test_a_step_short_of_cores_reaches_no_workers_where_one_worker_fewer_is_no_f
     rates = {start: 33.0, t2: 28.0, t2.refit(num_workers=1): 30.0, t2.refit(num_workers=0): 20.0}
     policy = Policy(start, max_workers=2, threads=2, explore_share=1)
     got = run(policy, [lambda c: part(c, rates.get(c, 40.0), start_up=0.03 if c.num_workers else 0.0, stall=LOW,
-                                      cpu=0.9 * (c.main_threads or 2))] * 7)
-    assert got == [("warm-up", start), ("try", t2), ("keep", t2), ("try", t2.refit(num_workers=1)),
-                   ("revert", t2), ("try", t2.refit(num_workers=0)), ("keep", t2.refit(num_workers=0))]
+                                      cpu=0.9 * (c.main_threads or 2))] * 5)
+    assert got == [("warm-up", start), ("try", t2), ("keep", t2.refit(num_workers=1)), ("revert", t2),
+                   ("try", t2.refit(num_workers=0))]
+    d = policy.decide(part(t2.refit(num_workers=0), 20.0, stall=LOW, cpu=1.8))
+    assert d.event == "keep" and policy.incumbent == t2.refit(num_workers=0)
 
 
 def test_the_rest_a_revert_gave_back_that_drifted_reopens_and_its_slowdown_is_not_the_trys_cost():

@@ -17,8 +17,10 @@ The rules (a hill climb, as tf.data's and MindSpore's, with a significance test)
 2. A move is tried for one epoch against the incumbent's latest epoch, and kept only when it is faster
    by more than the noise measured in this run: the spread of the chunks within epochs (their log
    seconds per batch, pooled) over the chunks compared, twice that, at least ``MIN_GAIN``, and at least
-   the incumbent's own change between its last two epochs. Otherwise the next epoch reverts. The
-   configuration a kept move beat is not tried back until a drift (rule 3) clears what was tried.
+   the incumbent's own change between its last two epochs. Otherwise the next epoch reverts. A kept
+   move's epoch is the new incumbent's latest, so the next move is tried from the next epoch on, without an
+   epoch of the new incumbent between. The configuration a kept move beat (its main threads set or left to
+   the process, the same run) is not tried back until a drift (rule 3) clears what was tried.
 3. After ``MAX_REJECTIONS`` rejections in a row, or with no move left, the policy settles: the
    incumbent stays, and its figure is watched; a change beyond ``DRIFT`` (and the noise), or the stall
    crossing ``STALL_HIGH``, reopens the search from the incumbent. A drift is seen inside an epoch too
@@ -440,7 +442,7 @@ class Policy:
 
     def _record(self, obs: EpochObservation) -> _Stats:
         stats = self.stats.setdefault(obs.config, _Stats())
-        stats.epochs.append(obs.seconds_per_batch)
+        stats.epochs.append(self._figure(obs))
         stats.steady = obs.steady_seconds_per_batch
         if obs.fresh_pool and obs.config.num_workers:
             stats.start_up = obs.start_up_seconds
@@ -456,6 +458,17 @@ class Policy:
             mean = statistics.fmean(logs)
             self._log_chunks += [v - mean for v in logs]
         return stats
+
+    def _figure(self, obs: EpochObservation) -> float:
+        """The observation's seconds per batch as the fixed run pays it. A pool that restarts every epoch pays
+        its start-up once an epoch; where the incumbent's part that started it ended mid-epoch (a drift), that
+        start-up is spread over the incumbent's latest epoch (or part), not over the part alone: over a few
+        batches it would read as a slow-down the fixed run does not have, and make the next try look faster."""
+        cfg = obs.config
+        restarts = cfg.num_workers and not cfg.persistent_workers and obs.fresh_pool and obs.mid_epoch
+        if restarts and cfg == self.incumbent and self._part > obs.batches:
+            return obs.steady_seconds_per_batch + obs.start_up_seconds / self._part
+        return obs.seconds_per_batch
 
     def noise(self) -> float:
         """The spread of one chunk's log seconds per batch in this run (0 before two chunks)."""
@@ -546,7 +559,7 @@ class Policy:
             return Decision(obs.config, "observe", f"{obs.seconds_per_batch * 1e3:.2f} ms a batch, stall "
                                                    f"{obs.stall:.0%}: observed")
         if self.trying is not None and obs.config == self.trying[1]:
-            return self._judge(stats)
+            return self._judge(stats, obs.batches)
         if obs.config != self.incumbent:  # an epoch of something else (a resumed state's): measured only
             return Decision(self.incumbent, "revert", f"back to {self.incumbent.describe()}")
         if self.settled:
@@ -622,7 +635,11 @@ class Policy:
                                                       f"{self.rejections} rejections")
         return Decision(self.incumbent, "revert", f"{name}: {figures}: reverted")
 
-    def _judge(self, candidate: _Stats) -> Decision:
+    def _judge(self, candidate: _Stats, batches: int) -> Decision:
+        """Rule 2 on the candidate's whole epoch (or part) of ``batches``. A kept move's epoch is the new
+        incumbent's latest figure, so the next move is chosen from it at once: an epoch of the new incumbent
+        before the next try would measure again what was just measured, one epoch a step (benchmarks/adapt.py's
+        phase change from a far recipe walked 2 workers, 1, none, an epoch of each between its tries)."""
         assert self.trying is not None
         name, config = self.trying
         self.trying = None
@@ -638,7 +655,9 @@ class Policy:
             # 5-34 batches at up to 14x) before the move that paid could be afforded
             self.tried, self._open, self.starved = {beaten}, None, False
             self.spent_seconds = max(0.0, self.spent_seconds)  # rule 5: a kept move's gain is not banked
-            return Decision(config, "keep", f"{name}: {figures}: kept")
+            self._part = batches
+            following = self._next_move(candidate)
+            return Decision(following.config, "keep", f"{name}: {figures}: kept; {following.line}")
         self._after_revert = True
         return self._rejected(name, config, figures)
 
@@ -651,7 +670,8 @@ class Policy:
         for name, config in moves(self.incumbent, incumbent.stall, max_workers=self.max_workers, cuda=self.cuda,
                                   first=self.kept_move, threads=threads, cpu_share=incumbent.cpu_share,
                                   starved=self.starved):
-            if config in self.tried or config in self.skipped or config in self.failed or any(
+            ran = self._as_run(config)
+            if any(self._as_run(c) == ran for c in (*self.tried, *self.skipped, *self.failed)) or any(
                     getattr(config, k) != getattr(self.incumbent, k) for k in self.fixed):
                 continue
             if name in FEED and incumbent.stall < MIN_GAIN:  # rule 5: no wait worth removing
@@ -677,6 +697,14 @@ class Policy:
                             f"{self.explore_share:.0%} of {self.seen_seconds:.2f} s left")
         self._settle()
         return Decision(self.incumbent, "settle", "settled: no move left to try")
+
+    def _as_run(self, config: LoaderConfig) -> LoaderConfig:
+        """``config`` as it runs: a count of main threads that is the one the process has (``threads``) is the
+        configuration that leaves it unset, so "fewer main threads" from 4 back to the process's 2 is the
+        configuration a kept "more main threads" beat, not a new one."""
+        if self.threads is not None and config.main_threads == self.threads:
+            return config.refit(main_threads=None)
+        return config
 
     def _settle(self) -> None:
         self.settled = True
