@@ -386,18 +386,21 @@ class AdaptiveLoader:
         evidence it is calibrated for (a probe's length, two chunks of a long epoch, let benchmarks/adapt.py's
         competitor run 42 batches at fifteen times the incumbent's figure, 6 s, before the policy could move),
         with a probe's length and ``MIN_BATCHES`` of the epoch left to try a move on, at most once an epoch.
-        Not in a part that started its pool (its start-up, which its epoch amortises, would read as a drift over
-        a few batches), and not with several ranks: their parts must end together, and each rank's clock is its
-        own (they reopen at the epoch's end, from the all-reduced figure)."""
-        started_pool = pending.fresh and pending.config.num_workers > 0
-        if (self._sync is not None or self._stream is None or total is None or pending.probe or started_pool
+        A part that started its pool (a pool that restarts every epoch: the phase change of benchmarks/adapt.py
+        from a far recipe ran its whole heavy epoch at the old configuration, 2.8 s over the best) is judged from
+        its second chunk on: the start-up's wait and the new workers' first batches are not the steady rate the
+        incumbent's figure is held at (``drifting``). Not with several ranks: their parts must end together,
+        and each rank's clock is its own (they reopen at the epoch's end, from the all-reduced figure)."""
+        if (self._sync is not None or self._stream is None or total is None or pending.probe
                 or self._drift_epoch == self.epoch):
             return False
         size = self._part_size(total)
         chunk, n = pending.chunk or chunk_size(size), len(pending.marks)
-        if n < max(MIN_BATCHES, chunk) or n % chunk or total - position < probe_batches(size) + MIN_BATCHES:
+        skip = chunk if pending.fresh and pending.config.num_workers > 0 else 0
+        if (n - skip < max(MIN_BATCHES, chunk) or n % chunk
+                or total - position < probe_batches(size) + MIN_BATCHES):
             return False
-        so_far = rate_so_far(pending.marks, pending.clock.now())
+        so_far = rate_so_far(pending.marks[skip:], pending.clock.now())
         if not self.policy.drifting(pending.config, so_far):
             return False
         self._drift_epoch = self.epoch
@@ -567,7 +570,8 @@ class AdaptiveLoader:
         event = Event(self.epoch, obs.config, obs.seconds_per_batch, obs.stall, decision.event, decision.line,
                       decision.config, mid_epoch)
         self.history.events.append(event)
-        self._trial = decision.event in ("try", "reopen") and decision.config != self.config
+        # a part is a probe where it starts a try: a kept move goes on to the next one at once (the policy's _judge)
+        self._trial = decision.event in ("try", "reopen", "keep") and decision.config != self.config
         if not mid_epoch:
             self.epoch += 1
         if decision.event not in ("measure", "observe", "warm-up", "continue"):
