@@ -386,21 +386,20 @@ class AdaptiveLoader:
         evidence it is calibrated for (a probe's length, two chunks of a long epoch, let benchmarks/adapt.py's
         competitor run 42 batches at fifteen times the incumbent's figure, 6 s, before the policy could move),
         with a probe's length and ``MIN_BATCHES`` of the epoch left to try a move on, at most once an epoch.
-        A part that started its pool (a pool that restarts every epoch: the phase change of benchmarks/adapt.py
-        from a far recipe ran its whole heavy epoch at the old configuration, 2.8 s over the best) is judged from
-        its second chunk on: the start-up's wait and the new workers' first batches are not the steady rate the
-        incumbent's figure is held at (``drifting``). Not with several ranks: their parts must end together,
-        and each rank's clock is its own (they reopen at the epoch's end, from the all-reduced figure)."""
+        A part that started its pool too (a pool that restarts every epoch: the phase change of
+        benchmarks/adapt.py from a far recipe ran its whole heavy epoch at the old configuration, 2.8 s over the
+        best): the start-up is the first batch's wait, which the rate so far leaves out, and the new workers' first
+        chunk ran as their later ones (its workload, two forked workers, 4 epochs: the first chunk 0.97-1.06x the
+        mean of the 7 after it; the drift is 16%). Not with several ranks: their parts must end together, and
+        each rank's clock is its own (they reopen at the epoch's end, from the all-reduced figure)."""
         if (self._sync is not None or self._stream is None or total is None or pending.probe
                 or self._drift_epoch == self.epoch):
             return False
         size = self._part_size(total)
         chunk, n = pending.chunk or chunk_size(size), len(pending.marks)
-        skip = chunk if pending.fresh and pending.config.num_workers > 0 else 0
-        if (n - skip < max(MIN_BATCHES, chunk) or n % chunk
-                or total - position < probe_batches(size) + MIN_BATCHES):
+        if n < max(MIN_BATCHES, chunk) or n % chunk or total - position < probe_batches(size) + MIN_BATCHES:
             return False
-        so_far = rate_so_far(pending.marks[skip:], pending.clock.now())
+        so_far = rate_so_far(pending.marks, pending.clock.now())
         if not self.policy.drifting(pending.config, so_far):
             return False
         self._drift_epoch = self.epoch
