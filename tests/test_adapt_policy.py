@@ -746,6 +746,22 @@ def test_a_step_short_of_cores_reaches_no_workers_where_one_worker_fewer_is_no_f
     assert d.event == "keep" and policy.incumbent == t2.refit(num_workers=0)
 
 
+def test_a_kept_thread_move_weighs_persistence_by_its_pools_start_up():
+    """A move of the main's threads kept mid-epoch starts no pool of its own, so its figures hold no start-up;
+    the pool's, measured under the old split (0.02 s an epoch of 3 s, under the 3% a switch is kept for), still
+    says persistence cannot pay, and the next move tried is one worker fewer (benchmarks/adapt.py's phase change
+    tried persistence there, and kept it on noise)."""
+    start = NP.refit(main_threads=1)
+    t2 = start.refit(main_threads=2)
+    policy = Policy(start, max_workers=2, threads=2, explore_share=1)
+    policy.decide(part(start, 30.0, start_up=0.02, stall=LOW, cpu=0.9))
+    d = policy.decide(at(part(start, 30.0, start_up=0.02, stall=LOW, cpu=0.9), mid_epoch=False))
+    assert (d.event, d.config) == ("try", t2)  # the step keeps its one thread busy
+    d = policy.decide(at(part(t2, 20.0, stall=LOW, cpu=1.8), mid_epoch=False))  # in place: no start-up of its own
+    assert policy.stats[t2].start_up is None
+    assert (d.event, d.config) == ("keep", t2.refit(num_workers=1)), d.line
+
+
 def test_the_rest_a_revert_gave_back_that_drifted_reopens_and_its_slowdown_is_not_the_trys_cost():
     """A competitor that starts while a move is tried: the try is reverted (its probe slower than the old
     figure), and the incumbent's rest of the epoch runs three times slower, beyond DRIFT and its restart. That

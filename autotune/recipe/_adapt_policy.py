@@ -414,7 +414,17 @@ class Policy:
         otherwise its figure a batch."""
         if not self.incumbent.num_workers or self.incumbent.persistent_workers:
             return incumbent.epochs[-1] * batches
-        return ((incumbent.start_up or 0.0) if restart else 0.0) + incumbent.steady * batches
+        return ((self._pool_start_up() or 0.0) if restart else 0.0) + incumbent.steady * batches
+
+    def _pool_start_up(self) -> float | None:
+        """The incumbent's pool's latest measured start-up: its own, or that of a configuration on the same pool
+        (a kept move of the main's threads starts no pool of its own; benchmarks/adapt.py's phase change then
+        tried persistence for a restart of 0.02 s an epoch of 10 s, and kept it on noise); None: never measured."""
+        own = self.stats[self.incumbent].start_up if self.incumbent in self.stats else None
+        if own is not None:
+            return own
+        return next((s.start_up for c, s in reversed(self.stats.items())
+                     if s.start_up is not None and same_pool(c, self.incumbent)), None)
 
     def left(self, seconds: float = 0.0) -> float:
         """What the budget has left (rule 5), ``seconds`` more of the run counted in."""
@@ -449,8 +459,8 @@ class Policy:
         stats.stall = obs.stall
         stats.cpu_before = stats.cpu_share
         stats.cpu_share = obs.main_cpu_seconds / obs.seconds if obs.seconds > 0 else 0.0
-        if obs.config == self.incumbent:
-            self._part = obs.batches
+        if obs.config == self.incumbent:  # a part a drift ended is not the size the loader's parts have
+            self._part = max(self._part, obs.batches) if obs.mid_epoch else obs.batches
         chunks = [c for c in obs.chunk_seconds if c > 0]
         stats.chunks = max(1, len(chunks))
         if len(chunks) > 1:
@@ -559,7 +569,7 @@ class Policy:
             return Decision(obs.config, "observe", f"{obs.seconds_per_batch * 1e3:.2f} ms a batch, stall "
                                                    f"{obs.stall:.0%}: observed")
         if self.trying is not None and obs.config == self.trying[1]:
-            return self._judge(stats, obs.batches)
+            return self._judge(stats)
         if obs.config != self.incumbent:  # an epoch of something else (a resumed state's): measured only
             return Decision(self.incumbent, "revert", f"back to {self.incumbent.describe()}")
         if self.settled:
@@ -635,8 +645,8 @@ class Policy:
                                                       f"{self.rejections} rejections")
         return Decision(self.incumbent, "revert", f"{name}: {figures}: reverted")
 
-    def _judge(self, candidate: _Stats, batches: int) -> Decision:
-        """Rule 2 on the candidate's whole epoch (or part) of ``batches``. A kept move's epoch is the new
+    def _judge(self, candidate: _Stats) -> Decision:
+        """Rule 2 on the candidate's whole epoch (or part). A kept move's epoch is the new
         incumbent's latest figure, so the next move is chosen from it at once: an epoch of the new incumbent
         before the next try would measure again what was just measured, one epoch a step (benchmarks/adapt.py's
         phase change from a far recipe walked 2 workers, 1, none, an epoch of each between its tries)."""
@@ -655,7 +665,6 @@ class Policy:
             # 5-34 batches at up to 14x) before the move that paid could be afforded
             self.tried, self._open, self.starved = {beaten}, None, False
             self.spent_seconds = max(0.0, self.spent_seconds)  # rule 5: a kept move's gain is not banked
-            self._part = batches
             following = self._next_move(candidate)
             return Decision(following.config, "keep", f"{name}: {figures}: kept; {following.line}")
         self._after_revert = True
@@ -676,8 +685,9 @@ class Policy:
                 continue
             if name in FEED and incumbent.stall < MIN_GAIN:  # rule 5: no wait worth removing
                 continue
-            if name == "persistent workers" and incumbent.start_up is not None and incumbent.epochs and (
-                    incumbent.start_up < MIN_GAIN * incumbent.epochs[-1] * self._part):
+            start_up = self._pool_start_up()
+            if name == "persistent workers" and start_up is not None and incumbent.epochs and (
+                    start_up < MIN_GAIN * incumbent.epochs[-1] * self._part):
                 continue  # rule 5: a restart it would save is under the least gain a switch is kept for
             why = self.allowed(config)
             if why is not None:
