@@ -518,7 +518,10 @@ def test_a_drift_after_an_expensive_first_try_gets_a_try_by_the_epoch_after_it()
     # the competitor, from the 9th batch of an epoch: three times slower, the main's CPU share a third
     # (starved: fewer main threads leads); the loader ends the incumbent's part there (``drifting``)
     assert policy.drifting(Z, 0.096)
-    d = policy.decide(part(Z, 96.0, batches=8, stall=0.15, cpu=0.5))
+    # the part the drift ended, as the loader hands it over (mid-epoch): the probe the cheap move is priced by is
+    # a quarter of that part (at least MIN_BATCHES) at the new rate; priced by the whole epoch's quarter, it
+    # waited the epoch out (benchmarks/adapt.py's competitor: 56 s for an epoch the adapting run had taken 3.4 s)
+    d = policy.decide(at(part(Z, 96.0, batches=8, stall=0.15, cpu=0.5), mid_epoch=True))
     assert (d.event, d.config) == ("reopen", Z) and "fewer main threads would cost 0.02 s" in d.line
     assert policy.try_costs == {}  # the pool's try, measured under the old conditions, is no expectation now
     d = policy.decide(part(Z, 96.0, batches=24, stall=0.15, cpu=0.5))  # the rest of the drift's epoch

@@ -459,8 +459,8 @@ class Policy:
         stats.stall = obs.stall
         stats.cpu_before = stats.cpu_share
         stats.cpu_share = obs.main_cpu_seconds / obs.seconds if obs.seconds > 0 else 0.0
-        if obs.config == self.incumbent:  # a part a drift ended is not the size the loader's parts have
-            self._part = max(self._part, obs.batches) if obs.mid_epoch else obs.batches
+        if obs.config == self.incumbent:
+            self._part = obs.batches
         chunks = [c for c in obs.chunk_seconds if c > 0]
         stats.chunks = max(1, len(chunks))
         if len(chunks) > 1:
