@@ -583,12 +583,13 @@ def test_a_part_a_drift_ended_spreads_its_pools_start_up_over_the_epoch_as_the_f
         return policy
 
     same = measured()
-    assert not same.drifting(NP, 0.0102)  # the loader's steady rate from the part's second chunk on
-    d = same.decide(at(part(NP, 10.0, batches=20, start_up=0.3), mid_epoch=True))  # a long epoch's part, say
+    assert not same.drifting(NP, 0.0102)  # the loader's steady rate from the part's first batch on
+    ended = dataclasses.replace(part(NP, 10.0, batches=20, start_up=0.3), mid_epoch=True, span=100)
+    d = same.decide(ended)  # the loader ended it after 20 of the epoch's 100 batches
     assert d.event == "measure" and same.stats[NP].epochs[-1] == pytest.approx(0.013)
     slower = measured()
     assert slower.drifting(NP, 0.030)
-    d = slower.decide(at(part(NP, 30.0, batches=20, start_up=0.3), mid_epoch=True))
+    d = slower.decide(dataclasses.replace(part(NP, 30.0, batches=20, start_up=0.3), mid_epoch=True, span=100))
     assert d.event == "reopen" and slower.stats[NP].epochs[-1] == pytest.approx(0.033)
 
 

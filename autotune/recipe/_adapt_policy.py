@@ -162,6 +162,7 @@ class EpochObservation:
     overhead_seconds: float = 0.0  # the loader's own wall time outside the clocks since the previous observation
     capped: bool = False  # a try's part the loader ended because it no longer fit the budget (rule 5b)
     mid_epoch: bool = False  # ended at a chunk boundary of its epoch, not at its end: the next part starts there
+    span: int = 0  # the batches of the epoch (or long epoch's part) it is a part of (0: its own)
 
     def then(self, rest: EpochObservation) -> EpochObservation:
         """This probe and the ``rest`` of its epoch (or part) as one observation; the chunks are the rest's,
@@ -173,7 +174,7 @@ class EpochObservation:
                                 fresh_pool=self.fresh_pool,
                                 main_cpu_seconds=self.main_cpu_seconds + rest.main_cpu_seconds,
                                 overhead_seconds=self.overhead_seconds + rest.overhead_seconds,
-                                mid_epoch=rest.mid_epoch)
+                                mid_epoch=rest.mid_epoch, span=rest.span)
 
     @property
     def start_up_seconds(self) -> float:
@@ -196,9 +197,15 @@ class EpochObservation:
     @property
     def seconds_per_batch(self) -> float:
         """The epoch's cost per batch as the next epochs of this configuration would pay it (rule in the
-        module docstring: a persistent pool's start-up is paid once)."""
-        paid_once = self.start_up_seconds if self.config.persistent_workers else 0.0
-        return (self.seconds - paid_once) / max(1, self.batches)
+        module docstring): a persistent pool's start-up is paid once; a pool that restarts every epoch pays its
+        start-up once in its ``span``, so a part that started it and ended early (a drift) holds the share of
+        its batches: over a few batches the whole start-up would read as a slow-down the fixed run does not have,
+        and make the next try look faster."""
+        if self.config.persistent_workers:
+            share = 0.0
+        else:
+            share = min(1.0, self.batches / self.span) if self.span else 1.0
+        return (self.seconds - self.start_up_seconds * (1.0 - share)) / max(1, self.batches)
 
 
 @dataclass(frozen=True)
@@ -417,7 +424,7 @@ class Policy:
         return ((self._pool_start_up() or 0.0) if restart else 0.0) + incumbent.steady * batches
 
     def _pool_start_up(self) -> float | None:
-        """The incumbent's pool's latest measured start-up: its own, or that of a configuration on the same pool
+        """The incumbent's pool's measured start-up: its own, or that of a configuration on the same pool
         (a kept move of the main's threads starts no pool of its own; benchmarks/adapt.py's phase change then
         tried persistence for a restart of 0.02 s an epoch of 10 s, and kept it on noise); None: never measured."""
         own = self.stats[self.incumbent].start_up if self.incumbent in self.stats else None
@@ -452,7 +459,7 @@ class Policy:
 
     def _record(self, obs: EpochObservation) -> _Stats:
         stats = self.stats.setdefault(obs.config, _Stats())
-        stats.epochs.append(self._figure(obs))
+        stats.epochs.append(obs.seconds_per_batch)
         stats.steady = obs.steady_seconds_per_batch
         if obs.fresh_pool and obs.config.num_workers:
             stats.start_up = obs.start_up_seconds
@@ -468,17 +475,6 @@ class Policy:
             mean = statistics.fmean(logs)
             self._log_chunks += [v - mean for v in logs]
         return stats
-
-    def _figure(self, obs: EpochObservation) -> float:
-        """The observation's seconds per batch as the fixed run pays it. A pool that restarts every epoch pays
-        its start-up once an epoch; where the incumbent's part that started it ended mid-epoch (a drift), that
-        start-up is spread over the incumbent's latest epoch (or part), not over the part alone: over a few
-        batches it would read as a slow-down the fixed run does not have, and make the next try look faster."""
-        cfg = obs.config
-        restarts = cfg.num_workers and not cfg.persistent_workers and obs.fresh_pool and obs.mid_epoch
-        if restarts and cfg == self.incumbent and self._part > obs.batches:
-            return obs.steady_seconds_per_batch + obs.start_up_seconds / self._part
-        return obs.seconds_per_batch
 
     def noise(self) -> float:
         """The spread of one chunk's log seconds per batch in this run (0 before two chunks)."""

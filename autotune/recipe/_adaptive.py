@@ -138,7 +138,7 @@ class RankSync:
         return EpochObservation(config=obs.config, batches=int(v[3]), seconds=v[0], wait_seconds=v[1],
                                 first_wait_seconds=v[2], chunk_seconds=tuple(c for c in v[6:] if c > 0),
                                 fresh_pool=obs.fresh_pool, main_cpu_seconds=v[4], probe=obs.probe,
-                                overhead_seconds=v[5], capped=obs.capped, mid_epoch=obs.mid_epoch)
+                                overhead_seconds=v[5], capped=obs.capped, mid_epoch=obs.mid_epoch, span=obs.span)
 
     def broadcast(self, decision: Decision | None) -> Decision:
         payload = [None if decision is None else
@@ -193,6 +193,7 @@ class _Pending:
     cpu_start: float = field(default_factory=time.process_time)  # the main process's CPU clock, all threads
     probe: bool = False  # a candidate's first part: ends after ``probe_batches`` (the policy's rule 4)
     chunk: int = 0  # the batches of a chunk of the epoch (or long part) it belongs to (``_epoch_stats``)
+    span: int = 0  # the batches of that epoch (or long part): EpochObservation.span
 
     def estimated_end(self) -> float:
         waits, marks = self.clock.waits, self.marks
@@ -284,6 +285,7 @@ class AdaptiveLoader:
         self._outside = 0.0  # the loader's own wall time since the last observation: the policy's rule 5
         self._drift_epoch = -1  # the epoch whose part a drift ended (at most one an epoch: ``_drift_ends``)
         self._chunk = 0  # the batches of a chunk of the epoch being read (``chunk_size``)
+        self._span = 0  # the batches of that epoch (or long part): ``_part_size``
         self._replayed = 0  # batches a resumed StatefulDataLoader's iterator replays to reach its saved place
         self.epoch = 0
 
@@ -418,7 +420,8 @@ class AdaptiveLoader:
 
     def _new_pending(self, clock: HostClock, fresh: bool) -> _Pending:
         probe, self._trial = self._trial, False
-        return _Pending(clock, [], clock.now(), self.config, fresh, probe=probe, chunk=self._chunk)
+        return _Pending(clock, [], clock.now(), self.config, fresh, probe=probe, chunk=self._chunk,
+                        span=self._span)
 
     def __iter__(self) -> Iterator[Any]:
         self._finish_pending()  # an epoch its consumer left at its last batch (len known): ends before this one
@@ -432,7 +435,8 @@ class AdaptiveLoader:
             total: int | None = len(self._loader)
         except TypeError:  # a stream without a length: an epoch ends at StopIteration only
             total = None
-        self._chunk = 0 if total is None else chunk_size(self._part_size(total))
+        self._span = 0 if total is None else self._part_size(total)
+        self._chunk = 0 if total is None else chunk_size(self._span)
         pending = self._new_pending(clock, fresh)
         iterator: Any = None
         count = 0
@@ -459,7 +463,7 @@ class AdaptiveLoader:
                     iterator = None
                     clock.epoch_waits()  # the part mixed two configurations: it teaches nothing
                     self._trial = False
-                    pending = _Pending(clock, [], clock.now(), self.config, True, chunk=self._chunk)
+                    pending = _Pending(clock, [], clock.now(), self.config, True, chunk=self._chunk, span=self._span)
                     self._fresh = False
                     continue
                 pending.marks.append(clock.leave())
@@ -553,7 +557,7 @@ class AdaptiveLoader:
             obs = _epoch_stats(waits, pending.marks, pending.start, end, pending.config, pending.fresh,
                                time.process_time() - pending.cpu_start, pending.chunk)
             obs = dataclasses.replace(obs, probe=probe, overhead_seconds=self._outside, capped=capped,
-                                      mid_epoch=mid_epoch)
+                                      mid_epoch=mid_epoch, span=pending.span)
             self._outside = 0.0
             self._end_epoch(obs, mid_epoch)
         self._outside += time.perf_counter() - began
